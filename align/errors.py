@@ -1,0 +1,52 @@
+"""One clear line for bad input.
+
+Every command-line entry point runs through :func:`run_cli`: an :class:`AlignError` (or a ``FileNotFoundError`` /
+``ValueError`` raised while reading user input) is printed as ``error: <message>`` and the process exits with
+status 2, with no traceback unless ``--debug`` is given or ``ALIGN_DEBUG=1`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+
+class AlignError(Exception):
+    """A problem with the user's input: the message names the problem and the fix."""
+
+
+def quiet_libraries() -> None:
+    """Keep the libraries' own progress bars and advice out of our output (ours remain)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover - both are dependencies
+        pass
+
+
+def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
+    """Run ``main(argv)`` and turn an :class:`AlignError` into one line on stderr and exit status 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_libraries()
+    debug = os.environ.get("ALIGN_DEBUG") == "1"
+    if "--debug" in argv:
+        argv.remove("--debug")
+        debug = True
+    try:
+        code = main(argv)
+    except AlignError as error:
+        if debug:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)
