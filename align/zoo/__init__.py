@@ -1,0 +1,50 @@
+"""The tiny zoo: a world, a tokenizer, a verifier and two drafters, built here from nothing and cached.
+
+Recipes name zoo models as ``zoo:NAME``; :func:`resolve` turns that into a folder, building what is missing.
+The cache is ``$ALIGN_CACHE`` (default ``~/.cache/align``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from align.errors import AlignError
+
+#: zoo name -> what it is (the build order follows this order)
+MODELS = {
+    "tiny-verifier": "causal Llama verifier (4.5M parameters)",
+    "tiny-diffusiongemma": "DiffusionGemmaForBlockDiffusion drafter, uniform-noise canvas (1.4M parameters)",
+    "tiny-mdlm": "BERT masked-diffusion drafter, same-position logits (0.9M parameters)",
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ALIGN_CACHE", Path.home() / ".cache" / "align")).expanduser()
+
+
+def world_dir() -> Path:
+    return cache_dir() / "tinyworld"
+
+
+def model_dir(name: str) -> Path:
+    return cache_dir() / "zoo" / name
+
+
+def is_built(name: str) -> bool:
+    return (model_dir(name) / "zoo.json").is_file()
+
+
+def resolve(path: str) -> str:
+    """A model path from a recipe: ``zoo:NAME`` becomes its folder (built first if missing); others pass through."""
+    if not path.startswith("zoo:"):
+        return path
+    name = path[len("zoo:"):]
+    if name not in MODELS:
+        raise AlignError(f"unknown zoo model '{name}'; the tiny zoo has: {', '.join(MODELS)}")
+    if not is_built(name):
+        from align.zoo.build import build
+
+        print(f"zoo:{name} is not built yet: building it into {model_dir(name)}", flush=True)
+        build([name])
+    return str(model_dir(name))

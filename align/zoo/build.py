@@ -1,0 +1,119 @@
+"""Build the tiny zoo: world -> tokenizer -> verifier and drafters, each saved atomically with ``save_pretrained``.
+
+Deterministic from ``ZooSpec.seed``. A model folder is complete when its ``zoo.json`` exists; it is written last,
+after the model was saved under a temporary name and renamed, so an interrupted build leaves nothing half-made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig
+
+from align.prompts import encode_prompt
+from align.tinyworld.corpus import read_jsonl, write_world
+from align.tinyworld.tokenizer import train_tokenizer
+from align.zoo import MODELS, is_built, model_dir, world_dir
+from align.zoo.models import BOS, EOS, PAD, diffusiongemma_model, mdlm_model, verifier_model
+from align.zoo.pretrain import Doc, pretrain_drafter, pretrain_verifier
+
+
+@dataclass
+class ZooSpec:
+    """Everything a zoo build depends on (tests build a miniature zoo by shrinking these)."""
+
+    seed: int = 0
+    docs_per_kind: int = 3000
+    test_per_kind: int = 25
+    vocab_size: int = 2048
+    batch_size: int = 32
+    lr: float = 1e-3
+    verifier: dict = field(default_factory=lambda: {"hidden": 256, "layers": 4, "heads": 4, "steps": 1400})
+    drafters: dict = field(default_factory=lambda: {
+        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1600},
+        "tiny-mdlm": {"hidden": 128, "layers": 3, "heads": 4, "steps": 2000},
+    })
+
+
+def tokenizer_dir() -> Path:
+    return model_dir("tokenizer")
+
+
+def ensure_world(spec: ZooSpec) -> None:
+    """Write the tiny world and train its tokenizer, unless they exist already."""
+    if not (world_dir() / "world.json").is_file():
+        print(f"writing the tiny world into {world_dir()}", flush=True)
+        shutil.rmtree(world_dir().with_name(world_dir().name + ".partial"), ignore_errors=True)
+        write_world(world_dir(), spec.docs_per_kind, spec.test_per_kind, spec.seed)
+    if not (tokenizer_dir() / "tokenizer.json").is_file():
+        docs = read_jsonl(world_dir() / "train_docs.jsonl")
+        tokenizer = train_tokenizer([d["prompt"] for d in docs] + [d["response"] for d in docs], spec.vocab_size)
+        partial = tokenizer_dir().with_name("tokenizer.partial")
+        tokenizer.save_pretrained(str(partial))
+        partial.rename(tokenizer_dir())
+        print(f"trained a {len(tokenizer)}-entry tokenizer into {tokenizer_dir()}", flush=True)
+
+
+def tokenized_docs(tokenizer) -> list[Doc]:
+    """Train documents as (prompt ‖ response ‖ eos ids, prompt length)."""
+    out = []
+    for d in read_jsonl(world_dir() / "train_docs.jsonl"):
+        prompt = encode_prompt(tokenizer, d["prompt"])
+        response = tokenizer(d["response"], add_special_tokens=False)["input_ids"]
+        out.append((prompt + response + [tokenizer.eos_token_id], len(prompt)))
+    return out
+
+
+def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bool = False) -> list[str]:
+    """Build the named zoo models (default: all) that are not built yet; returns the names built."""
+    spec = spec or ZooSpec()
+    names = [n for n in MODELS if n in (names or list(MODELS))]
+    ensure_world(spec)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
+    vocab = len(tokenizer)
+    docs = None
+    built = []
+    for name in names:
+        if is_built(name) and not force:
+            continue
+        docs = docs or tokenized_docs(tokenizer)
+        start = time.time()
+        if name == "tiny-verifier":
+            v = spec.verifier
+            model = verifier_model(vocab, v["hidden"], v["layers"], v["heads"], seed=spec.seed)
+            losses = pretrain_verifier(model, docs, v["steps"], spec.batch_size, spec.lr, spec.seed, desc=name)
+            model.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+                                                       do_sample=False)
+        else:
+            d = spec.drafters[name]
+            family = "diffusiongemma" if name == "tiny-diffusiongemma" else "mdlm"
+            maker = diffusiongemma_model if family == "diffusiongemma" else mdlm_model
+            model = maker(vocab, d["hidden"], d["layers"], d["heads"], seed=spec.seed)
+            losses = pretrain_drafter(model, family, docs, d["steps"], tokenizer.mask_token_id, vocab,
+                                      spec.batch_size, spec.lr, spec.seed, desc=name)
+        _save(name, model, tokenizer, {
+            "name": name, "description": MODELS[name], "spec": dataclasses.asdict(spec),
+            "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.time() - start, 1),
+            "loss_first": losses[0], "loss_last": sum(losses[-50:]) / len(losses[-50:]),
+        })
+        built.append(name)
+    return built
+
+
+def _save(name: str, model: torch.nn.Module, tokenizer, meta: dict) -> None:
+    out = model_dir(name)
+    partial = out.with_name(name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(str(partial))
+    tokenizer.save_pretrained(str(partial))
+    (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    print(f"saved zoo:{name} ({meta['parameters'] / 1e6:.2f}M parameters, {meta['seconds']:.0f} s, "
+          f"loss {meta['loss_first']:.2f} -> {meta['loss_last']:.2f}) into {out}", flush=True)

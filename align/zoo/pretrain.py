@@ -1,0 +1,133 @@
+"""Pretraining the tiny zoo: a causal LM objective for the verifier, a denoising objective for the drafters.
+
+Drafters learn in the setting they are used in, half the time: a prefix of a document, then a canvas of γ fully
+noised positions (γ drawn from 4..32) to fill with the next γ tokens. The other half is generic block denoising: a
+32-position canvas noised at a rate r ~ U(0, 1) (masked families: the loss is on the masked positions; uniform
+families: on every position, since any token may be noise). DiffusionGemma also learns self-conditioning: in a
+quarter of the denoising batches a first pass, without gradient, supplies the logits it conditions on.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from align.drafter import FAMILIES, canvas_for
+
+Doc = tuple[list[int], int]  # token ids of prompt ‖ response ‖ eos, and the prompt's length
+
+
+def _schedule(optimizer: torch.optim.Optimizer, steps: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _batches(docs: list[Doc], batch_size: int, rng: random.Random) -> Iterator[list[Doc]]:
+    """Endless batches; each epoch shuffles, then groups documents of similar length to limit padding."""
+    while True:
+        order = list(range(len(docs)))
+        rng.shuffle(order)
+        chunks = [order[i:i + 50 * batch_size] for i in range(0, len(order), 50 * batch_size)]
+        batches = []
+        for chunk in chunks:
+            chunk.sort(key=lambda i: len(docs[i][0]))
+            batches += [[docs[i] for i in chunk[j:j + batch_size]] for j in range(0, len(chunk), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
+
+
+def pretrain_verifier(model: Any, docs: list[Doc], steps: int, batch_size: int = 32, lr: float = 1e-3,
+                      seed: int = 0, desc: str = "verifier") -> list[float]:
+    """Causal-LM pretraining on whole documents (right-padded). Returns the loss per step."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    scheduler = _schedule(optimizer, steps, warmup=min(200, steps // 10 + 1))
+    losses = []
+    batches = _batches(docs, batch_size, rng)
+    for _ in (bar := tqdm(range(steps), desc=desc, dynamic_ncols=True)):
+        batch = next(batches)
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, (tokens, _) in enumerate(batch):
+            ids[row, :len(tokens)] = torch.tensor(tokens)
+            mask[row, :len(tokens)] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+    model.eval()
+    return losses
+
+
+def drafter_batch(batch: list[Doc], family: str, rng: random.Random, mask_token_id: int | None, vocab_size: int,
+                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """One pretraining batch: (prefix, prefix_mask, canvas, labels, is_denoising) with prefixes left-padded."""
+    denoising = rng.random() < 0.5
+    gamma = 32 if denoising else rng.randint(4, 32)
+    starts = [rng.randint(prompt_len, len(ids) - 1) for ids, prompt_len in batch]
+    width = max(starts)
+    prefix = torch.zeros((len(batch), width), dtype=torch.long)
+    prefix_mask = torch.zeros_like(prefix)
+    labels = torch.full((len(batch), gamma), -100, dtype=torch.long)
+    for row, ((ids, _), t) in enumerate(zip(batch, starts)):
+        prefix[row, width - t:] = torch.tensor(ids[:t])
+        prefix_mask[row, width - t:] = 1
+        target = ids[t:t + gamma]
+        labels[row, :len(target)] = torch.tensor(target)
+    rate = torch.rand((len(batch), 1), generator=generator) if denoising else 1.0
+    noise = torch.rand(labels.shape, generator=generator)
+    canvas = canvas_for(FAMILIES[family], labels, noise, rate, mask_token_id, vocab_size, generator)
+    if FAMILIES[family].masked:  # the loss is on what was masked
+        labels = labels.masked_fill(canvas != mask_token_id, -100)
+    return prefix, prefix_mask, canvas, labels, denoising
+
+
+def pretrain_drafter(model: Any, family: str, docs: list[Doc], steps: int, mask_token_id: int | None,
+                     vocab_size: int, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
+                     desc: str = "drafter") -> list[float]:
+    """Denoising pretraining of a diffusion drafter (see the module docstring). Returns the loss per step."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    fam = FAMILIES[family]
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    scheduler = _schedule(optimizer, steps, warmup=min(200, steps // 10 + 1))
+    losses = []
+    batches = _batches(docs, batch_size, rng)
+    for _ in (bar := tqdm(range(steps), desc=desc, dynamic_ncols=True)):
+        prefix, prefix_mask, canvas, labels, denoising = drafter_batch(next(batches), family, rng, mask_token_id,
+                                                                       vocab_size, generator)
+        self_conditioning = None
+        if family == "diffusiongemma" and denoising and rng.random() < 0.5:
+            with torch.no_grad():
+                self_conditioning = fam.canvas_logits(model, prefix, prefix_mask, canvas)
+        logits = fam.canvas_logits(model, prefix, prefix_mask, canvas, self_conditioning)
+        loss = F.cross_entropy(logits[..., :vocab_size].reshape(-1, vocab_size), labels.reshape(-1),
+                               ignore_index=-100)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+    model.eval()
+    return losses
