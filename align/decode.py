@@ -1,0 +1,90 @@
+"""Try speculative decoding on one prompt.
+
+    python -m align.decode --drafter zoo:tiny-diffusiongemma --verifier zoo:tiny-verifier \\
+        --prompt "The capital of France is" --gamma 16 --steps 1 --temperature 0
+
+Prints the text with each block's accepted draft tokens marked, then the statistics, and the verifier decoding
+alone for comparison (``ar_tokens_per_s``, ``speedup``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from align.errors import AlignError, run_cli
+from align.loading import load_pair
+from align.prompts import encode_prompt
+from align.speculative import SpeculativeDecoder
+from align.verifier import ar_generate, eos_ids
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m align.decode", description=__doc__.split("\n\n")[0])
+    p.add_argument("--drafter", required=True, help="drafter path, hub name or zoo:NAME")
+    p.add_argument("--verifier", required=True, help="verifier path, hub name or zoo:NAME")
+    p.add_argument("--family", default=None, help="drafter family (diffusiongemma, mdlm, dream); default: detected")
+    p.add_argument("--prompt", required=True, help="the prompt (the chat template is applied when there is one)")
+    p.add_argument("--gamma", type=int, default=16, help="draft tokens per block")
+    p.add_argument("--steps", type=int, default=1, help="denoising steps per block")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; >0: sampling")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--k", type=int, default=1, help="drafts per block (self-selection)")
+    p.add_argument("--drafter-temperature", type=float, default=1.5, help="temperature of the K drafts")
+    p.add_argument("--scorer", default="verifier", choices=("verifier", "drafter", "oracle"))
+    p.add_argument("--candidates", default="iid", choices=("iid", "swap"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the drafter's own modelling code")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    from align.selection import make_selection
+    from align.zoo import resolve
+    from align.loading import infer_family
+
+    args = parse_args(argv)
+    family = args.family or infer_family(resolve(args.drafter), args.trust_remote_code)
+    drafter, verifier, tokenizer = load_pair(args.drafter, args.verifier, family, args.dtype, args.trust_remote_code)
+    decoder = SpeculativeDecoder(drafter, verifier, eos_ids(verifier.model, tokenizer))
+    prompt = encode_prompt(tokenizer, args.prompt)
+    selection = make_selection(args.k, args.drafter_temperature, args.scorer, args.candidates)
+    out = decoder.generate(prompt, args.max_new_tokens, args.gamma, args.steps, args.temperature, args.seed,
+                           selection)
+    start = time.perf_counter()
+    ar = ar_generate(verifier.model, prompt, args.max_new_tokens, args.temperature, decoder.eos and list(decoder.eos),
+                     args.seed)
+    ar_seconds = time.perf_counter() - start
+    summary = out.stats.summary(args.gamma)
+    summary["ar_tokens_per_s"] = len(ar) / ar_seconds
+    summary["speedup"] = summary["tokens_per_s"] / summary["ar_tokens_per_s"] if ar else 0.0
+    if args.temperature == 0:
+        summary["lossless"] = ar == out.tokens
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    marked = sys.stdout.isatty()
+    text = []
+    for kept, token in out.pieces:
+        draft = tokenizer.decode(kept)
+        if draft:
+            text.append(f"\033[42m{draft}\033[0m" if marked else f"[{draft}]")
+        if token is not None:
+            text.append(tokenizer.decode([token]))
+    print("".join(text))
+    print("\n(draft tokens the verifier accepted are " + ("highlighted" if marked else "in [brackets]") + ")")
+    alphas = " ".join("-" if a is None else f"{a:.2f}" for a in summary["per_position"])
+    print(f"blocks {summary['n_blocks']}  accepted_mean {summary['accepted_mean']:.2f}  tau {summary['tau']:.2f}  "
+          f"acceptance_rate {summary['acceptance_rate']:.2f}\nalpha_1..{args.gamma}: {alphas}\n"
+          f"drafter {summary['drafter_s']:.2f}s  verifier {summary['verifier_s']:.2f}s  "
+          f"{summary['tokens_per_s']:.1f} tok/s  verifier alone {summary['ar_tokens_per_s']:.1f} tok/s  "
+          f"speedup {summary['speedup']:.2f}x" + (f"  lossless {summary['lossless']}" if "lossless" in summary else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,204 @@
+"""The drafter interface: a diffusion model that fills a canvas of γ positions after a prefix, in T steps.
+
+Three families read a canvas differently; each is a small class with the same two methods, chosen by the
+recipe's ``drafter.family``:
+
+| family           | canvas                | logits for canvas position j            | prefix                      |
+|------------------|-----------------------|-----------------------------------------|-----------------------------|
+| ``diffusiongemma`` | uniform random tokens | decoder output j (self-conditioned)     | encoded once into a KV cache |
+| ``mdlm``           | ``[MASK]``            | same position, L + j                    | re-read every step           |
+| ``dream``          | ``[MASK]``            | shifted: position L + j - 1 predicts L + j | re-read every step        |
+
+:meth:`Drafter.marginals` runs T denoising steps and returns the draft distribution as log-probabilities
+(B, γ, V). For T > 1 the usual confidence schedule commits the most confident positions first (uniform-noise
+canvases re-noise the rest; masked canvases keep them masked); positions committed before the last step are
+returned as one-hot rows. Given those commitments every row is independent, so a draft drawn row by row from
+these marginals has exactly these probabilities: the q that lossless sampling verification needs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from align.errors import AlignError
+
+
+# ------------------------------------------------------------------------------------------------ families
+
+
+class Family:
+    """How one kind of diffusion model reads ``prefix ‖ canvas``."""
+
+    name: str
+    masked: bool  # canvas of [MASK] (True) or of uniform random tokens (False)
+
+    def canvas_logits(self, model: Any, prefix: torch.Tensor, prefix_mask: torch.Tensor | None,
+                      canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None,
+                      state: "PrefixState | None" = None) -> torch.Tensor:
+        """Logits (B, γ, V) for the canvas (B, γ) after a left-padded prefix (B, L) with its 0/1 mask."""
+        raise NotImplementedError
+
+
+@dataclass
+class PrefixState:
+    """What a drafter remembers of the prefix between calls (DiffusionGemma: its encoder KV cache)."""
+
+    ids: list[int] = field(default_factory=list)
+    cache: Any = None
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded batch: 0 at each row's first real token (pads get 0)."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class DiffusionGemmaFamily(Family):
+    """``DiffusionGemmaForBlockDiffusion``: an AR encoder writes the prefix KV cache, a bidirectional decoder reads it."""
+
+    name, masked = "diffusiongemma", False
+
+    def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None):
+        gamma = canvas.shape[1]
+        if state is not None:  # decoding, batch 1, no padding: encode only what the cache has not seen
+            ids = prefix[0].tolist()
+            if state.cache is None or ids[:len(state.ids)] != state.ids:
+                state.cache, state.ids = DynamicCache(config=model.config), []
+            new = prefix[:, len(state.ids):]
+            if new.shape[1]:
+                start = len(state.ids)
+                model.model.encoder(input_ids=new, cache=state.cache,
+                                    position_ids=torch.arange(start, start + new.shape[1], device=new.device)[None])
+                state.ids = ids
+            return model(cache=state.cache, decoder_input_ids=canvas, self_conditioning_logits=self_conditioning).logits
+        mask = torch.ones_like(prefix) if prefix_mask is None else prefix_mask
+        length = mask.sum(-1, keepdim=True)
+        config = getattr(model, "module", model).config  # through a DeepSpeed engine too
+        return model(
+            input_ids=prefix, attention_mask=mask, position_ids=positions(mask), cache=DynamicCache(config=config),
+            decoder_input_ids=canvas, decoder_attention_mask=torch.cat([mask, torch.ones_like(canvas)], -1),
+            decoder_position_ids=length + torch.arange(gamma, device=canvas.device), self_conditioning_logits=self_conditioning,
+        ).logits
+
+
+class MaskedFamily(Family):
+    """Bidirectional masked LM, same-position logits (MDLM / LLaDA style; any ``*ForMaskedLM``)."""
+
+    name, masked = "mdlm", True
+
+    def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None):
+        ids = torch.cat([prefix, canvas], -1)
+        mask = torch.ones_like(ids) if prefix_mask is None else torch.cat([prefix_mask, torch.ones_like(canvas)], -1)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
+        return logits[:, prefix.shape[1]:]
+
+
+class ShiftedMaskedFamily(Family):
+    """Bidirectional masked LM whose position i predicts token i + 1 (Dream / DiffuCoder, ``trust_remote_code``)."""
+
+    name, masked = "dream", True
+
+    def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None):
+        ids = torch.cat([prefix, canvas], -1)
+        attention = None
+        if prefix_mask is not None and not bool(prefix_mask.all()):
+            keys = torch.cat([prefix_mask, torch.ones_like(canvas)], -1).bool()
+            attention = keys[:, None, None, :].expand(-1, 1, ids.shape[1], -1)  # every query sees the real keys
+            pos = positions(torch.cat([prefix_mask, torch.ones_like(canvas)], -1))
+        else:
+            pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=pos).logits
+        start = prefix.shape[1] - 1
+        return logits[:, start:start + canvas.shape[1]]
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (DiffusionGemmaFamily(), MaskedFamily(), ShiftedMaskedFamily())}
+
+
+def canvas_for(family: Family, labels: torch.Tensor, noise: torch.Tensor, rate: torch.Tensor | float,
+               mask_token_id: int | None, vocab_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Corrupt ``labels`` (B, γ; -100 past the end) at ``rate``: where ``noise < rate`` the token becomes [MASK]
+    (masked families) or a uniform random token (uniform families). ``noise`` is U(0, 1) of the same shape."""
+    corrupt = (noise < rate) | (labels < 0)
+    if family.masked:
+        filler = torch.full_like(labels, mask_token_id)
+    else:
+        filler = torch.randint(0, vocab_size, labels.shape, generator=generator, device=labels.device)
+    return torch.where(corrupt, filler, labels.clamp(min=0))
+
+
+# ------------------------------------------------------------------------------------------------ the drafter
+
+
+class Drafter:
+    """A diffusion model behind one interface: marginals of a γ-block after a prefix, in T denoising steps."""
+
+    def __init__(self, model: Any, family: str, vocab_size: int, mask_token_id: int | None = None):
+        if family not in FAMILIES:
+            raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join(FAMILIES)}")
+        self.model = model.eval()
+        self.family = FAMILIES[family]
+        self.vocab_size = vocab_size  # the shared vocabulary: logits beyond it are sliced away
+        if self.family.masked and mask_token_id is None:
+            raise AlignError(f"the {family} family needs a mask token: the drafter's tokenizer has none; "
+                             "set drafter.mask_token_id")
+        self.mask_token_id = mask_token_id
+        self.state = PrefixState()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def reset(self) -> None:
+        """Forget the cached prefix (start of a new sequence)."""
+        self.state = PrefixState()
+
+    @torch.no_grad()
+    def marginals(self, prefix: torch.Tensor, gamma: int, steps: int = 1, temperature: float = 0.0,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+        """Log-probabilities (B, γ, V) of the draft after ``steps`` denoising steps.
+
+        ``temperature`` is how positions are committed at intermediate steps (0: argmax, else a sample at that
+        temperature); the returned rows are at temperature 1 (apply the draft temperature when sampling).
+        """
+        if gamma <= 0 or steps <= 0:
+            raise AlignError(f"gamma and steps must be positive, got gamma={gamma}, steps={steps}")
+        batch = prefix.shape[0]
+        device = prefix.device
+        uniform = torch.rand((batch, gamma), generator=generator, device=device)
+        empty = torch.full((batch, gamma), -100, dtype=torch.long, device=device)
+        canvas = canvas_for(self.family, empty, uniform, 1.0, self.mask_token_id, self.vocab_size, generator)
+        committed = torch.zeros((batch, gamma), dtype=torch.bool, device=device)
+        self_conditioning = None
+        state = self.state if batch == 1 else None
+        for step in range(steps):
+            logits = self.family.canvas_logits(self.model, prefix, None, canvas, self_conditioning, state)
+            logq = logits[..., :self.vocab_size].float().log_softmax(-1)
+            if step == steps - 1:
+                break
+            # commit the most confident uncommitted positions: an even share of what remains per step left
+            remaining = (~committed).sum(-1)
+            share = torch.ceil(remaining / (steps - step)).long()
+            if temperature > 0:
+                tokens = torch.multinomial((logq / temperature).softmax(-1).view(-1, logq.shape[-1]), 1,
+                                           generator=generator).view(batch, gamma)
+            else:
+                tokens = logq.argmax(-1)
+            confidence = logq.gather(-1, tokens[..., None])[..., 0].masked_fill(committed, -math.inf)
+            rank = confidence.argsort(-1, descending=True).argsort(-1)
+            new = (rank < share[:, None]) & ~committed
+            committed |= new
+            canvas = torch.where(committed, torch.where(new, tokens, canvas), canvas)
+            if not self.family.masked:  # uniform-noise canvases re-noise what is not committed
+                noise = torch.randint(0, self.vocab_size, canvas.shape, generator=generator, device=device)
+                canvas = torch.where(committed, canvas, noise)
+            self_conditioning = logits
+        if committed.any():
+            onehot = torch.full_like(logq, -math.inf).scatter_(-1, canvas[..., None], 0.0)
+            logq = torch.where(committed[..., None], onehot, logq)
+        return logq

@@ -1,0 +1,132 @@
+"""Loading verifiers and drafters from paths (local folders, hub names or ``zoo:NAME``), with clear refusals.
+
+A drafter must be the diffusion model its family says, and drafter and verifier must share a tokenizer: the
+drafter's tokenizer may add tokens after the verifier's (Dream adds ``<|mask|>``), but every verifier token must
+have the same id in both. Logit rows past the shared vocabulary (padding rows) are sliced from the drafter's
+distribution; the verifier's distribution is never changed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+from align.drafter import FAMILIES, Drafter
+from align.errors import AlignError
+from align.verifier import Verifier
+from align.zoo import resolve
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def _config(path: str, role: str, trust_remote_code: bool = False) -> Any:
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        hint = "it is not a model folder or a hub name" if not Path(path).exists() else "it holds no model config"
+        raise AlignError(f"cannot load the {role} from '{path}': {hint} ({str(error).splitlines()[0]})") from None
+
+
+def load_tokenizer(path: str, role: str, trust_remote_code: bool = False) -> Any:
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise AlignError(f"cannot load the {role}'s tokenizer from '{path}' ({str(error).splitlines()[0]})") from None
+
+
+def load_verifier_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
+    """(causal LM, tokenizer) from ``path``."""
+    path = resolve(path)
+    config = _config(path, "verifier")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except ValueError as error:
+        raise AlignError(f"the verifier '{path}' ({config.model_type}) is not a causal language model "
+                         f"({str(error).splitlines()[0]})") from None
+    return model.eval(), load_tokenizer(path, "verifier")
+
+
+def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """(diffusion model, tokenizer) from ``path``, refusing a model that is not of ``family``."""
+    if family not in FAMILIES:
+        raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join(FAMILIES)}")
+    path = resolve(path)
+    config = _config(path, "drafter", trust_remote_code)
+    kind = config.model_type
+    if family == "diffusiongemma" and kind != "diffusion_gemma":
+        raise AlignError(f"the drafter '{path}' is a {kind} model, not a DiffusionGemma block-diffusion model; "
+                         "check drafter.path and drafter.family")
+    if family != "diffusiongemma" and kind == "diffusion_gemma":
+        raise AlignError(f"the drafter '{path}' is a DiffusionGemma model: set drafter.family: diffusiongemma")
+    if getattr(config, "is_decoder", False) or kind in _causal_types():
+        raise AlignError(f"the drafter '{path}' is a causal language model ({kind}), not a diffusion model; "
+                         "check drafter.path")
+    try:
+        if family == "diffusiongemma":
+            from transformers import DiffusionGemmaForBlockDiffusion as cls
+        elif family == "mdlm":
+            cls = AutoModelForMaskedLM
+        else:
+            cls = AutoModel
+        model = cls.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    except ValueError as error:
+        raise AlignError(f"the drafter '{path}' ({kind}) cannot be loaded as a {family} diffusion model "
+                         f"({str(error).splitlines()[0]}); check drafter.path and drafter.family") from None
+    return model.eval(), load_tokenizer(path, "drafter", trust_remote_code)
+
+
+def _causal_types() -> set[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+
+def shared_vocab_size(drafter_tokenizer: Any, verifier_tokenizer: Any, drafter_name: str, verifier_name: str) -> int:
+    """The verifier's vocabulary size, after checking that the drafter's tokenizer agrees on every token."""
+    drafter_vocab, verifier_vocab = drafter_tokenizer.get_vocab(), verifier_tokenizer.get_vocab()
+    for token, index in verifier_vocab.items():
+        if drafter_vocab.get(token) != index:
+            raise AlignError(
+                f"drafter and verifier do not share a tokenizer: drafter '{drafter_name}' has {len(drafter_vocab)} "
+                f"tokens, verifier '{verifier_name}' has {len(verifier_vocab)}, and token {token!r} is "
+                f"{drafter_vocab.get(token)} in the drafter but {index} in the verifier; use a drafter trained with "
+                "the verifier's tokenizer")
+    return max(verifier_vocab.values()) + 1
+
+
+def load_pair(drafter_path: str, verifier_path: str, family: str, dtype: str = "float32",
+              trust_remote_code: bool = False, mask_token_id: int | None = None,
+              drafter_dtype: str | None = None) -> tuple[Drafter, Verifier, Any]:
+    """(Drafter, Verifier, tokenizer) ready for speculative decoding, with the vocabulary check done."""
+    verifier_model, tokenizer = load_verifier_model(verifier_path, dtype)
+    drafter_model, drafter_tokenizer = load_drafter_model(drafter_path, family, drafter_dtype or dtype,
+                                                          trust_remote_code)
+    vocab = shared_vocab_size(drafter_tokenizer, tokenizer, drafter_path, verifier_path)
+    rows = drafter_model.get_output_embeddings().weight.shape[0] if drafter_model.get_output_embeddings() is not None else vocab
+    if rows < vocab:
+        raise AlignError(f"the drafter '{drafter_path}' has {rows} logit rows, fewer than the {vocab} tokens of the "
+                         "shared vocabulary")
+    if mask_token_id is None:
+        mask_token_id = drafter_tokenizer.mask_token_id
+    drafter = Drafter(drafter_model, family, vocab, mask_token_id)
+    return drafter, Verifier(verifier_model), tokenizer
+
+
+def infer_family(path: str, trust_remote_code: bool = False) -> str:
+    """The drafter family a model folder belongs to (its config says; exported drafters also name it)."""
+    meta = Path(path) / "meta.json"
+    if meta.is_file():
+        import json
+
+        family = json.loads(meta.read_text()).get("family")
+        if family:
+            return family
+    config = _config(path, "drafter", trust_remote_code)
+    if config.model_type == "diffusion_gemma":
+        return "diffusiongemma"
+    if getattr(config, "auto_map", None) and "AutoModel" in config.auto_map:
+        return "dream"
+    return "mdlm"

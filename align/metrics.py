@@ -1,0 +1,82 @@
+"""Acceptance statistics, shared by decoding, training logs and evaluation.
+
+Words (see the README): per block, ``accepted`` is the number of draft tokens the verifier kept (0..γ);
+``tau`` is tokens produced per verifier call, ``accepted + 1`` (vLLM's "mean acceptance length"); both are pooled
+over blocks (sum over blocks / number of blocks), never averaged per request. ``alpha_j`` is the acceptance rate at
+block position j among blocks that reached position j.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+def expected_streak(q: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """E[streak] = Σ_{m=1..γ} Π_{j≤m} q_j, over the last dimension (γ).
+
+    ``q`` holds per-position acceptance probabilities (the drafter's probability of the verifier's token, or α_j);
+    positions where ``valid`` is False end the block (they contribute nothing and stop the product).
+    """
+    if valid is not None:
+        q = q * valid
+    return torch.cumprod(q, dim=-1).sum(-1)
+
+
+@dataclass
+class Block:
+    """One verifier call: the draft length offered and how many draft tokens were accepted."""
+
+    gamma: int
+    accepted: int
+
+
+@dataclass
+class DecodeStats:
+    """Blocks and wall time of one or more speculative generations (merge with ``+``)."""
+
+    blocks: list[Block] = field(default_factory=list)
+    new_tokens: int = 0
+    drafter_s: float = 0.0
+    verifier_s: float = 0.0
+    total_s: float = 0.0
+
+    def __add__(self, other: "DecodeStats") -> "DecodeStats":
+        return DecodeStats(self.blocks + other.blocks, self.new_tokens + other.new_tokens,
+                           self.drafter_s + other.drafter_s, self.verifier_s + other.verifier_s,
+                           self.total_s + other.total_s)
+
+    def summary(self, gamma: int | None = None) -> dict:
+        """The pooled figures: accepted_mean, tau, acceptance_rate, per_position (α_1..α_γ), speeds."""
+        n = len(self.blocks)
+        accepted = sum(b.accepted for b in self.blocks)
+        offered = sum(b.gamma for b in self.blocks)
+        gamma = gamma or max((b.gamma for b in self.blocks), default=0)
+        return {
+            "n_blocks": n,
+            "accepted_mean": accepted / n if n else 0.0,
+            "tau": (accepted + n) / n if n else 0.0,
+            "acceptance_rate": accepted / offered if offered else 0.0,
+            "per_position": per_position(self.blocks, gamma),
+            "new_tokens": self.new_tokens,
+            "tokens_per_s": self.new_tokens / self.total_s if self.total_s else 0.0,
+            "drafter_s": self.drafter_s,
+            "verifier_s": self.verifier_s,
+            "total_s": self.total_s,
+        }
+
+
+def per_position(blocks: list[Block], gamma: int) -> list[float | None]:
+    """α_j for j = 1..γ: P(position j accepted | positions < j accepted and the block offered position j)."""
+    alphas: list[float | None] = []
+    for j in range(1, gamma + 1):
+        reached = [b for b in blocks if b.gamma >= j and b.accepted >= j - 1]
+        alphas.append(sum(b.accepted >= j for b in reached) / len(reached) if reached else None)
+    return alphas
+
+
+def expected_tau(alphas: list[float | None]) -> float:
+    """τ implied by per-position rates: 1 + Σ_m Π_{j≤m} α_j (positions never reached count as 0)."""
+    q = torch.tensor([a if a is not None else 0.0 for a in alphas], dtype=torch.float64)
+    return 1.0 + float(expected_streak(q)) if len(alphas) else 1.0

@@ -1,0 +1,175 @@
+"""Speculative decoding with a diffusion drafter: the output is exactly the verifier's own.
+
+Each block: (1) the drafter fills γ positions after the prefix in T denoising steps (one pass when T = 1);
+(2) one draft (or K candidates, see ``align.selection``) is taken from its marginals; (3) the verifier scores the
+draft(s) in one forward pass; (4) the acceptance rule keeps the longest valid prefix and adds one token of the
+verifier's own (the correction, or the bonus after a fully accepted block); (5) the verifier's cache is rolled
+back to what was kept. Generation ends exactly where the verifier's ``generate`` would: at its first EOS token
+(included) or after ``max_new_tokens``.
+
+The acceptance rules are pure functions over tensors with a leading batch dimension.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from align.drafter import Drafter
+from align.errors import AlignError
+from align.metrics import Block, DecodeStats
+from align.verifier import Verifier
+
+
+# ------------------------------------------------------------------------------------------------ acceptance rules
+
+
+def greedy_accept(draft: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact match with the verifier's argmax.
+
+    draft (B, γ), logits (B, γ + 1, V) -> accepted (B,) in 0..γ, next token (B,): the verifier's argmax at the first
+    mismatch (the correction) or after the last draft token (the bonus).
+    """
+    target = logits.argmax(-1)  # (B, γ + 1)
+    accepted = (draft == target[:, :-1]).long().cumprod(-1).sum(-1)
+    return accepted, target.gather(1, accepted[:, None])[:, 0]
+
+
+def sampling_accept(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    Accept x_j with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection sample from
+    norm(max(0, p_j - q_j)); if all γ are kept sample the bonus token from p_{γ+1}. The output is distributed as p.
+
+    draft (B, γ) drawn from q (B, γ, V); p (B, γ + 1, V) the verifier's probabilities -> accepted (B,), next (B,).
+    """
+    batch, gamma = draft.shape
+    px = p[:, :-1].gather(-1, draft[..., None])[..., 0]
+    qx = q.gather(-1, draft[..., None])[..., 0]
+    u = torch.rand((batch, gamma), generator=generator, device=draft.device)
+    accepted = (u * qx <= px).long().cumprod(-1).sum(-1)
+    rows = torch.arange(batch, device=draft.device)
+    target = p[rows, accepted]  # (B, V)
+    q_pad = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows, accepted]  # q is 0 after the block: bonus = p
+    residual = (target - q_pad).clamp(min=0)
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), target)
+    return accepted, torch.multinomial(residual, 1, generator=generator)[:, 0]
+
+
+# ------------------------------------------------------------------------------------------------ the decoder
+
+
+@dataclass
+class Generation:
+    """The new tokens of one generation, block by block, and its statistics."""
+
+    tokens: list[int]
+    pieces: list[tuple[list[int], int]] = field(default_factory=list)  # (accepted draft tokens, verifier's token)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+class SpeculativeDecoder:
+    """A drafter and a verifier that share a vocabulary, decoding one sequence at a time."""
+
+    def __init__(self, drafter: Drafter, verifier: Verifier, eos_token_ids: set[int] | list[int] | int | None):
+        self.drafter = drafter
+        self.verifier = verifier
+        if eos_token_ids is None:
+            eos_token_ids = []
+        self.eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids)
+
+    @torch.no_grad()
+    def generate(self, prompt: list[int], max_new_tokens: int, gamma: int, steps: int = 1, temperature: float = 0.0,
+                 seed: int = 0, selection=None) -> Generation:
+        """Decode up to ``max_new_tokens`` after ``prompt`` with γ-token blocks of ``steps`` denoising steps.
+
+        ``temperature`` 0 is greedy (token for token the verifier's greedy output); above 0 the output is
+        distributed as the verifier's temperature sampling. ``selection`` (an ``align.selection.Selection``)
+        turns on K drafts per block.
+        """
+        if gamma <= 0:
+            raise AlignError(f"gamma must be a positive number of draft tokens, got {gamma}")
+        if steps <= 0:
+            raise AlignError(f"steps must be a positive number of denoising steps, got {steps}")
+        if temperature < 0:
+            raise AlignError(f"temperature must be >= 0, got {temperature}")
+        if selection is not None:
+            selection.check(temperature)
+        generator = torch.Generator(device=self.verifier.device).manual_seed(seed)
+        device = self.verifier.device
+        self.verifier.start(prompt)
+        self.drafter.reset()
+        out = Generation(tokens=[])
+        stats = out.stats
+        start = time.perf_counter()
+        limit = self.verifier.max_length
+        while len(out.tokens) < max_new_tokens:
+            room = max_new_tokens - len(out.tokens) - 1
+            if limit is not None:
+                if self.verifier.length >= limit:
+                    break
+                room = min(room, limit - self.verifier.length - 1)
+            g = min(gamma, room)
+            prefix = torch.tensor([prompt + out.tokens], device=device)
+            t0 = time.perf_counter()
+            if g > 0:
+                logq = self.drafter.marginals(prefix, g, steps, temperature, generator)[0]  # (γ, V)
+            if g == 0:  # no room for a draft: one plain verifier step
+                drafts, logq = torch.zeros((1, 0), dtype=torch.long, device=device), None
+            elif selection is not None:
+                drafts = selection.candidates(logq, generator)
+            elif temperature > 0:
+                drafts = torch.multinomial((logq / temperature).softmax(-1), 1, generator=generator).T
+            else:
+                drafts = logq.argmax(-1)[None]
+            t2 = time.perf_counter()
+            logits = self.verifier.score(drafts)  # (K, γ + 1, V)
+            t3 = time.perf_counter()
+            index, accepted, next_token = self._accept(drafts, logq, logits, temperature, generator, selection)
+            t4 = time.perf_counter()
+            kept = drafts[index, :accepted].tolist()
+            self.verifier.commit(index, accepted, next_token)
+            stats.drafter_s += t2 - t0
+            stats.verifier_s += (t3 - t2) + (t4 - t3)
+            stop = next((i for i, t in enumerate(kept) if t in self.eos), None)
+            if stop is not None:  # an accepted EOS ends the generation right there
+                kept, next_token = kept[:stop + 1], None
+            stats.blocks.append(Block(g, len(kept)))
+            new = kept + ([] if next_token is None else [next_token])
+            out.pieces.append((kept, next_token))
+            out.tokens += new
+            if next_token is None or next_token in self.eos:
+                break
+        out.tokens = out.tokens[:max_new_tokens]
+        stats.new_tokens = len(out.tokens)
+        stats.total_s = time.perf_counter() - start
+        return out
+
+    def _accept(self, drafts, logq, logits, temperature, generator, selection) -> tuple[int, int, int]:
+        """Pick the draft to keep (K > 1) and apply the acceptance rule: (index, accepted, next token)."""
+        if drafts.shape[1] == 0:
+            if temperature > 0:
+                p = (logits[0, -1] / temperature).softmax(-1)
+                return 0, 0, int(torch.multinomial(p, 1, generator=generator))
+            return 0, 0, int(logits[0, -1].argmax())
+        if selection is not None:
+            return selection.accept(drafts, logq, logits, temperature, generator)
+        if temperature > 0:
+            q = _pad_vocab((logq / temperature).softmax(-1), logits.shape[-1])
+            accepted, token = sampling_accept(drafts, q[None], (logits / temperature).softmax(-1), generator)
+        else:
+            accepted, token = greedy_accept(drafts, logits)
+        return 0, int(accepted[0]), int(token[0])
+
+
+def _pad_vocab(probs: torch.Tensor, width: int) -> torch.Tensor:
+    """The drafter's probabilities over the verifier's logit rows (rows it cannot propose get 0)."""
+    if probs.shape[-1] == width:
+        return probs
+    if probs.shape[-1] > width:
+        raise AlignError(f"the drafter proposes {probs.shape[-1]} tokens but the verifier scores only {width}")
+    return torch.nn.functional.pad(probs, (0, width - probs.shape[-1]))

@@ -1,0 +1,136 @@
+"""The verifier: any Hugging Face causal LM, with a KV cache that grows block by block.
+
+``score`` runs the tokens the cache has not seen yet plus one draft (or K drafts) in one forward pass and returns,
+for every draft, the verifier's logits after each of its prefixes (γ + 1 rows: the last one gives the bonus
+token). K drafts share the cached prefix: they are laid side by side in one sequence with a tree-shaped attention
+mask (each draft sees the prefix and its own earlier tokens), so the prefix's KV cache is never copied. ``commit``
+rolls the cache back to what was accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from align.errors import AlignError
+
+
+def context_length(config: Any) -> int | None:
+    """The model's longest sequence, when its config says."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "max_position_embeddings", None)
+
+
+class Verifier:
+    """A causal LM that scores drafts in one pass per block."""
+
+    def __init__(self, model: Any):
+        self.model = model.eval()
+        self.max_length = context_length(model.config)
+        text = model.config.get_text_config()
+        sliding = getattr(text, "sliding_window", None) and any(
+            t == "sliding_attention" for t in (getattr(text, "layer_types", None) or []))
+        # a custom tree mask replaces the model's own masks; sliding-window layers would lose their window
+        self.tree_attention = model.config._attn_implementation in ("eager", "sdpa") and not sliding
+        self.cache: DynamicCache | None = None
+        self.pending: list[int] = []  # tokens of the sequence whose keys/values are not cached yet
+        self.cached = 0  # tokens in the cache
+        self._last: tuple[int, torch.Tensor] | None = None  # (pending length, drafts) of the last score call
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def start(self, prompt: list[int]) -> None:
+        """Begin a new sequence with ``prompt`` (nothing is computed until the first ``score``)."""
+        if self.max_length is not None and len(prompt) >= self.max_length:
+            raise AlignError(f"the prompt has {len(prompt)} tokens but the verifier's context is {self.max_length}; "
+                             "shorten the prompt")
+        self.cache = DynamicCache(config=self.model.config)
+        if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
+            self.cache.activate_past_recording()  # sliding layers can then roll back
+        self.pending, self.cached = list(prompt), 0
+
+    @property
+    def length(self) -> int:
+        """Tokens of the sequence so far (cached and pending)."""
+        return self.cached + len(self.pending)
+
+    @torch.no_grad()
+    def score(self, drafts: torch.Tensor) -> torch.Tensor:
+        """Logits (K, γ + 1, V) after each prefix of each draft in ``drafts`` (K, γ) (γ may be 0)."""
+        k, gamma = drafts.shape
+        pending = torch.tensor(self.pending, device=self.device)
+        n = len(self.pending)
+        if k == 1 or gamma == 0:
+            ids = torch.cat([pending, drafts[0]])[None]
+            logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True).logits[0, n - 1:]
+            logits = logits[None].expand(k, -1, -1) if gamma == 0 else logits[None]
+        elif self.tree_attention:
+            ids = torch.cat([pending, drafts.reshape(-1)])[None]
+            mask, pos = self._tree(n, k, gamma)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
+                             use_cache=True).logits[0]
+            logits = torch.cat([out[n - 1].expand(k, 1, -1), out[n:].view(k, gamma, -1)], dim=1)
+        else:  # fall back to a batch of K copies of the cache
+            self.cache.batch_repeat_interleave(k)
+            ids = torch.cat([pending.expand(k, -1), drafts], dim=1)
+            logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True).logits[:, n - 1:]
+        self._last = (n, drafts)
+        return logits.float()
+
+    def _tree(self, n: int, k: int, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Additive mask (1, 1, n + kγ, cached + n + kγ) and position ids for pending ‖ draft_1 ‖ ... ‖ draft_k."""
+        q = n + k * gamma
+        allowed = torch.zeros((q, self.cached + q), dtype=torch.bool, device=self.device)
+        allowed[:, :self.cached + n] = True  # everything sees the cache and the pending tokens...
+        allowed[:n, self.cached:self.cached + n] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        block = torch.ones(gamma, gamma, dtype=torch.bool, device=self.device).tril()
+        for i in range(k):  # ...and each draft its own earlier tokens
+            rows = slice(n + i * gamma, n + (i + 1) * gamma)
+            allowed[rows, self.cached + n + i * gamma:self.cached + n + (i + 1) * gamma] = block
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
+        offsets = torch.cat([torch.arange(n), n + torch.arange(gamma).repeat(k)]).to(self.device)
+        return mask[None, None], (self.cached + offsets)[None]
+
+    def commit(self, index: int, accepted: int, next_token: int) -> None:
+        """Keep the pending tokens and the first ``accepted`` tokens of draft ``index``; ``next_token`` is pending."""
+        n, drafts = self._last
+        k, gamma = drafts.shape
+        if k == 1 or gamma == 0:
+            self.cache.crop(-(gamma - accepted))
+            self.cached += n + accepted
+            self.pending = [next_token]
+            return
+        if not self.tree_attention:
+            self.cache.batch_select_indices(torch.tensor([index], device=self.device))
+        self.cache.crop(-(k * gamma) if self.tree_attention else -gamma)
+        self.cached += n
+        self.pending = drafts[index, :accepted].tolist() + [next_token]
+
+
+@torch.no_grad()
+def ar_generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
+                eos_token_ids: list[int] | int | None = None, seed: int = 0) -> list[int]:
+    """The verifier alone (``generate``): greedy at temperature 0, else plain temperature sampling."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                              temperature=temperature if temperature > 0 else None, top_k=0 if temperature > 0 else None,
+                              top_p=1.0 if temperature > 0 else None, eos_token_id=eos_token_ids,
+                              pad_token_id=model.generation_config.pad_token_id)
+    torch.manual_seed(seed)
+    ids = torch.tensor([prompt], device=next(model.parameters()).device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out[0, len(prompt):].tolist()
+
+
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokens that end the verifier's generation: its generation config's EOS ids, else the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
