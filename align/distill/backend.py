@@ -1,0 +1,170 @@
+"""DeepSpeed as the training engine, on one CPU or many GPUs: config, step, atomic checkpoints, export.
+
+The DeepSpeed config is derived from the recipe here, and only here (no JSON to keep in sync). Checkpoints are
+written under a temporary name and renamed to ``checkpoints/step-N`` once every process has written its part, so a
+crash while saving leaves the previous checkpoint whole; a checkpoint exists if and only if its folder is named
+``step-N``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from align.config import Recipe
+from align.errors import AlignError
+
+TAG = "ds"  # DeepSpeed's own folder inside each checkpoint
+
+
+def deepspeed_config(recipe: Recipe, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed config for ``recipe`` on ``world_size`` processes."""
+    t, ds = recipe.train, recipe.deepspeed
+    per_step = t.micro_batch_size * world_size
+    if t.global_batch_size % per_step:
+        raise AlignError(f"train.global_batch_size ({t.global_batch_size}) must be a multiple of "
+                         f"train.micro_batch_size x processes ({t.micro_batch_size} x {world_size}); change one of them")
+    zero: dict[str, Any] = {"stage": ds.zero_stage}
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if ds.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if ds.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": t.global_batch_size // per_step,
+        "gradient_clipping": t.grad_clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": t.lr, "weight_decay": t.weight_decay, "betas": [0.9, 0.999],
+                                                  "eps": 1e-8, "torch_adam": ds.torch_adam}},
+        "bf16": {"enabled": ds.bf16},
+        "zero_optimization": zero,
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def lr_factor(step: int, max_steps: int, warmup: int, schedule: str, min_ratio: float) -> float:
+    """Learning-rate multiplier: linear warm-up over ``warmup`` steps, then linear/cosine decay to ``min_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    shape = 1 - progress if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return min_ratio + (1 - min_ratio) * shape
+
+
+class Engine:
+    """The model inside DeepSpeed: backward, step, save and load, whatever the ZeRO stage or device."""
+
+    @staticmethod
+    def prepare(recipe: Recipe, world_size: int) -> Any:
+        """Call before loading the model: under ZeRO-3 it makes ``from_pretrained`` load the weights sharded.
+        Keep the returned object alive until training ends."""
+        if recipe.deepspeed.zero_stage != 3:
+            return None
+        from transformers.integrations import HfDeepSpeedConfig
+
+        return HfDeepSpeedConfig(deepspeed_config(recipe, world_size))
+
+    def __init__(self, model: torch.nn.Module, recipe: Recipe, world_size: int):
+        import deepspeed
+
+        t = recipe.train
+        self.config = deepspeed_config(recipe, world_size)
+        self.accumulation = self.config["gradient_accumulation_steps"]
+        self.world_size = world_size
+
+        def scheduler(optimizer):
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
+                s, t.max_steps, t.warmup_steps, t.schedule, t.min_lr_ratio))
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=self.config,
+                                                    lr_scheduler=scheduler)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    def train(self, mode: bool = True) -> None:
+        self.engine.train(mode)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> None:
+        self.engine.step()
+
+    @property
+    def lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    def save(self, checkpoints: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+        """Write ``checkpoints/step-<step>`` atomically (all processes take part); keep the ``keep`` newest."""
+        partial = checkpoints / f".step-{step}.partial"
+        final = checkpoints / f"step-{step}"
+        if _rank() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+        _barrier()
+        self.engine.save_checkpoint(str(partial), tag=TAG, client_state={"trainer": state})
+        _barrier()
+        if _rank() == 0:
+            (partial / "trainer_state.json").write_text(json.dumps(state, indent=1))
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+            for old in list_checkpoints(checkpoints)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        _barrier()
+        return final
+
+    def load(self, checkpoint: Path) -> dict[str, Any]:
+        """Restore weights, optimizer and schedule from ``checkpoint``; returns the trainer state saved with it."""
+        _, client = self.engine.load_checkpoint(str(checkpoint), tag=TAG)
+        if client is None:
+            raise AlignError(f"checkpoint {checkpoint} could not be read; delete it to resume from the one before")
+        return client["trainer"]
+
+
+def list_checkpoints(checkpoints: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not checkpoints.is_dir():
+        return []
+    found = [p for p in checkpoints.iterdir() if re.fullmatch(r"step-\d+", p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def full_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The full fp32 weights of a checkpoint, whatever the ZeRO stage (consolidated from the shards)."""
+    folder = Path(checkpoint) / TAG
+    if not folder.is_dir():
+        raise AlignError(f"{checkpoint} is not a training checkpoint (no {TAG}/ folder inside)")
+    if any(folder.glob("*optim_states.pt")) and any(folder.glob("zero_pp_rank_*")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=TAG)
+    states = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    return {k: v.float() for k, v in states["module"].items()}
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

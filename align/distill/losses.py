@@ -1,0 +1,175 @@
+"""Distillation losses: pure functions of the drafter's canvas logits and the verifier's tokens (or logits).
+
+Notation: a window has block positions j = 1..γ, labels x_j (the verifier's rollout tokens, -100 past its end),
+and the drafter's distribution at the deployment temperature τ, q_j = softmax(z_j / τ). Each loss returns a
+:class:`LossTerm` ``(num, den)``: the loss is ``num / den``, and summing ``num`` and ``den`` over micro-batches and
+processes before dividing gives exactly the loss of the whole batch (gradient accumulation normalises exactly).
+``den`` depends only on the labels, so it is known before the forward pass.
+
+Memory: the vocabulary can be 262,144 wide, so no loss here builds a second (B, γ, V) tensor beside the logits:
+:func:`token_logprobs` and :func:`position_divergence` are autograd functions that work through the batch in row
+chunks and write the gradient straight into one (B, γ, V) buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from align.metrics import expected_streak
+
+CHUNK_ELEMENTS = 1 << 24  # at most this many floats of temporaries per chunk (64 MB)
+
+
+@dataclass
+class LossTerm:
+    """A loss as ``num / den``; ``num`` carries the gradient, ``den`` is a count known from the labels alone."""
+
+    num: torch.Tensor
+    den: torch.Tensor
+
+
+def _precision(t: torch.Tensor) -> torch.dtype:
+    """Compute in float32, or float64 when the logits are float64."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _chunks(rows: int, per_row: int):
+    size = max(1, CHUNK_ELEMENTS // max(1, per_row))
+    return [(i, min(rows, i + size)) for i in range(0, rows, size)]
+
+
+class _TokenLogProb(torch.autograd.Function):
+    """log softmax(z / τ)[x] per position, computed in row chunks; gradient (onehot(x) - q) / τ written in place."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature):
+        b, g, v = logits.shape
+        dtype = _precision(logits)
+        out = torch.zeros((b, g), dtype=dtype, device=logits.device)
+        safe = labels.clamp(min=0)
+        for lo, hi in _chunks(b, g * v):
+            z = logits[lo:hi].to(dtype) / temperature
+            out[lo:hi] = z.gather(-1, safe[lo:hi, :, None])[..., 0] - z.logsumexp(-1)
+        out = out.masked_fill(labels < 0, 0.0)
+        ctx.save_for_backward(logits, labels)
+        ctx.temperature = temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, labels = ctx.saved_tensors
+        b, g, v = logits.shape
+        grad = torch.empty_like(logits)
+        dtype = _precision(logits)
+        weight = grad_out.to(dtype).masked_fill(labels < 0, 0.0) / ctx.temperature
+        safe = labels.clamp(min=0)
+        for lo, hi in _chunks(b, g * v):
+            q = (logits[lo:hi].to(dtype) / ctx.temperature).softmax(-1)
+            q.neg_().scatter_add_(-1, safe[lo:hi, :, None], torch.ones_like(q[..., :1]))
+            grad[lo:hi] = (q * weight[lo:hi, :, None]).to(grad.dtype)
+        return grad, None, None
+
+
+class _PositionDivergence(torch.autograd.Function):
+    """Per position KL(p || q) or TV(p, q) = 1 - Σ min(p, q), q = softmax(z / τ), p = softmax(t / τ); chunked."""
+
+    @staticmethod
+    def forward(ctx, logits, teacher, temperature, kind):
+        b, g, v = logits.shape
+        dtype = _precision(logits)
+        out = torch.zeros((b, g), dtype=dtype, device=logits.device)
+        for lo, hi in _chunks(b, g * v):
+            logq = (logits[lo:hi].to(dtype) / temperature).log_softmax(-1)
+            logp = (teacher[lo:hi].to(dtype) / temperature).log_softmax(-1)
+            if kind == "kl":
+                out[lo:hi] = (logp.exp() * (logp - logq)).sum(-1)
+            else:
+                out[lo:hi] = 1.0 - torch.minimum(logp.exp(), logq.exp()).sum(-1)
+        ctx.save_for_backward(logits, teacher)
+        ctx.temperature, ctx.kind = temperature, kind
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, teacher = ctx.saved_tensors
+        b, g, v = logits.shape
+        grad = torch.empty_like(logits)
+        dtype = _precision(logits)
+        weight = grad_out.to(dtype) / ctx.temperature
+        for lo, hi in _chunks(b, g * v):
+            q = (logits[lo:hi].to(dtype) / ctx.temperature).softmax(-1)
+            p = (teacher[lo:hi].to(dtype) / ctx.temperature).softmax(-1)
+            if ctx.kind == "kl":  # d KL / d z = (q - p) / τ
+                d = q - p
+            else:  # d TV / d z_y = -(1[q_y < p_y] q_y - q_y Σ_x 1[q_x < p_x] q_x) / τ
+                below = (q < p).to(q.dtype) * q
+                d = q * below.sum(-1, keepdim=True) - below
+            grad[lo:hi] = (d * weight[lo:hi, :, None]).to(grad.dtype)
+        return grad, None, None, None
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log q_j(x_j) = log softmax(z_j / τ)[x_j] for logits (B, γ, V) and labels (B, γ); 0 where the label is -100."""
+    return _TokenLogProb.apply(logits, labels, temperature)
+
+
+def position_divergence(logits: torch.Tensor, teacher: torch.Tensor, kind: str, temperature: float = 1.0) -> torch.Tensor:
+    """Per-position divergence (B, γ) between the verifier's p = softmax(t / τ) and q = softmax(z / τ)."""
+    return _PositionDivergence.apply(logits, teacher, temperature, kind)
+
+
+def _windows(labels: torch.Tensor) -> torch.Tensor:
+    return (labels[:, 0] >= 0).sum().double()
+
+
+def streak_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None) -> LossTerm:
+    """Maximise the expected accepted streak (SpecDiff-2):
+
+        L = -(1/N) Σ_windows Σ_{m=1..γ} Π_{j≤m} q_j(x_j)
+
+    Its gradient w.r.t. log q_k is -w_k with w_k = Σ_{m≥k} Π_{j≤m} q_j: a weighted log-likelihood in which early
+    positions dominate and positions after an improbable one get nothing. den = N windows.
+    """
+    valid = labels >= 0
+    q = token_logprobs(logits, labels, temperature).exp() * valid
+    return LossTerm(-expected_streak(q).sum(), _windows(labels))
+
+
+def ce_streak_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None) -> LossTerm:
+    """Cross-entropy weighted by the (stop-gradient) probability that the streak reaches each position:
+
+        L = -(1/N) Σ_windows Σ_j sg(Π_{i<j} q_i(x_i)) · log q_j(x_j)          den = N windows.
+    """
+    logq = token_logprobs(logits, labels, temperature)
+    q = (logq.detach().exp() * (labels >= 0))
+    reach = torch.cat([torch.ones_like(q[:, :1]), torch.cumprod(q, -1)[:, :-1]], dim=-1)
+    return LossTerm(-(reach * logq).sum(), _windows(labels))
+
+
+def ce_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None) -> LossTerm:
+    """Plain cross-entropy on the rollout tokens:  L = -(1/M) Σ_{valid (window, j)} log q_j(x_j)   den = M positions."""
+    return LossTerm(-token_logprobs(logits, labels, temperature).sum(), (labels >= 0).sum().double())
+
+
+def kd_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None) -> LossTerm:
+    """Forward KL to the verifier at every block position (DistillSpec, uniform weights):
+
+        L = (1/M) Σ_{valid (window, j)} KL(p_j || q_j),  p_j = softmax(t_j / τ) from a teacher-forced verifier pass.
+    """
+    kl = position_divergence(logits, teacher, "kl", temperature) * (labels >= 0)
+    return LossTerm(kl.sum(), (labels >= 0).sum().double())
+
+
+def tv_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None) -> LossTerm:
+    """Total variation to the verifier, i.e. one minus the expected acceptance rate of sampling verification:
+
+        L = (1/M) Σ_{valid (window, j)} (1 - Σ_x min(p_j(x), q_j(x)))
+    """
+    tv = position_divergence(logits, teacher, "tv", temperature) * (labels >= 0)
+    return LossTerm(tv.sum(), (labels >= 0).sum().double())
+
+
+LOSSES = {"streak": streak_loss, "ce_streak": ce_streak_loss, "ce": ce_loss, "kd": kd_loss, "tv": tv_loss}
+NEEDS_TEACHER = {"kd", "tv"}

@@ -1,0 +1,60 @@
+"""Training windows: every offset t of a verifier rollout x gives one draft block to learn.
+
+    prefix = (prompt ‖ x[:t])[-max_prefix_len:]     canvas = γ positions     labels = x[t:t+γ]  (-100 past the end)
+
+The canvas follows the drafter family's convention (all [MASK], or uniform random tokens drawn from a generator
+seeded by the window's identity, so a window looks the same whatever the batch, the process count or a resume).
+Shifted versus same-position logits is the family's business (``Family.canvas_logits``), not the window's.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from align.drafter import FAMILIES, canvas_for
+
+
+@dataclass
+class WindowBatch:
+    prefix: torch.Tensor  # (B, L) left-padded
+    prefix_mask: torch.Tensor  # (B, L) 1 for real tokens
+    canvas: torch.Tensor  # (B, γ)
+    labels: torch.Tensor  # (B, γ), -100 past the end of the rollout
+
+    def to(self, device) -> "WindowBatch":
+        return WindowBatch(*(t.to(device) for t in (self.prefix, self.prefix_mask, self.canvas, self.labels)))
+
+
+def window_index(lengths: list[int], rows: list[int], stride: int = 1) -> torch.Tensor:
+    """(N, 2) tensor of (rollout row, offset) for the given rollout rows; offsets 0, stride, ... < length."""
+    pairs = [(row, t) for row in rows for t in range(0, lengths[row], stride)]
+    return torch.tensor(pairs, dtype=torch.long).view(-1, 2)
+
+
+def make_windows(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int, family: str,
+                 mask_token_id: int | None, vocab_size: int, seed: int, pad_token_id: int = 0) -> WindowBatch:
+    """Collate windows ``pairs`` (rows of (rollout row, offset)) of ``rollouts`` (rows with prompt_ids and
+    response_ids) into a left-padded batch."""
+    prefixes, labels = [], torch.full((len(pairs), gamma), -100, dtype=torch.long)
+    for i, (row, t) in enumerate(pairs.tolist()):
+        item = rollouts[row]
+        response = item["response_ids"]
+        prefixes.append((item["prompt_ids"] + response[:t])[-max_prefix_len:])
+        target = response[t:t + gamma]
+        labels[i, :len(target)] = torch.tensor(target, dtype=torch.long)
+    width = max(map(len, prefixes))
+    prefix = torch.full((len(pairs), width), pad_token_id, dtype=torch.long)
+    prefix_mask = torch.zeros_like(prefix)
+    for i, p in enumerate(prefixes):
+        prefix[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        prefix_mask[i, width - len(p):] = 1
+    canvases = []
+    for i, (row, t) in enumerate(pairs.tolist()):
+        generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{row}/{t}".encode()))
+        empty = torch.full((1, gamma), -100, dtype=torch.long)
+        canvases.append(canvas_for(FAMILIES[family], empty, torch.zeros(1, gamma), 1.0, mask_token_id, vocab_size,
+                                   generator))
+    return WindowBatch(prefix, prefix_mask, torch.cat(canvases), labels)

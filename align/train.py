@@ -1,0 +1,361 @@
+"""Streak distillation: fine-tune a diffusion drafter on verifier rollouts so the verifier accepts more of each block.
+
+    python align/train.py recipes/tiny.yaml [section.key=value ...]                # one process (still DeepSpeed)
+    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 align/train.py recipes/tiny.yaml    # two CPU processes
+    deepspeed --num_gpus 8 align/train.py recipes/gemma.yaml                      # eight GPUs
+
+Running the same command again resumes from the newest checkpoint (weights, optimizer, schedule, data position).
+Writes into ``run.output_dir``: ``recipe.yaml``, ``metrics.jsonl``, ``checkpoints/step-N/`` and ``final/`` (the
+aligned drafter, exported for ``from_pretrained``, with ``meta.json``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: import the package, not this folder's modules by their bare names
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse
+import json
+import socket
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+import yaml
+from tqdm.auto import tqdm
+
+from align.config import Recipe, build_recipe, load_recipe, save_recipe
+from align.distill.backend import Engine, list_checkpoints
+from align.distill.losses import LOSSES, NEEDS_TEACHER, ce_loss
+from align.distill.windows import make_windows, window_index
+from align.errors import AlignError, run_cli
+from align.export import export_checkpoint, lora_model
+from align.loading import load_drafter_model, load_verifier_model
+from align.metrics import expected_streak
+from align.rollouts import generate_rollouts, rollout_meta
+from align.drafter import FAMILIES
+
+# keys that may change between a run and its resumption; everything else must match
+RESUMABLE = {"train": {"max_steps", "save_every", "eval_every", "eval_windows", "keep_checkpoints"}, "log": "*"}
+
+
+def main(argv: list[str]) -> int:
+    # ----------------------------------------------------------------------------------------- recipe
+    parser = argparse.ArgumentParser(prog="align/train.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipe", help="recipe YAML, e.g. recipes/tiny.yaml")
+    parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the deepspeed launcher")
+    args = parser.parse_args(argv)
+    recipe = load_recipe(args.recipe, args.overrides)
+    out = Path(recipe.run.output_dir)
+
+    # ----------------------------------------------------------------------------------------- processes
+    rank, world = init_distributed()
+    lead = rank == 0
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    check_run_folder(out, recipe)
+
+    # ----------------------------------------------------------------------------------------- rollouts -> windows
+    rollouts = generate_rollouts(recipe, rank, world, barrier=barrier, progress=lead)
+    lengths = [len(r) for r in rollouts["response_ids"]]
+    rows = rollouts.select_columns(["prompt_id", "prompt_ids", "response_ids"]).to_list()
+    held = heldout_rows(rows, recipe.data.heldout_fraction)
+    heldout = [i for i in range(len(rows)) if held[i]]
+    train_rows = [i for i in range(len(rows)) if not held[i]]
+    gamma = recipe.distill.gamma
+    if max(lengths, default=0) < gamma:
+        raise AlignError(f"distill.gamma ({gamma}) is longer than every rollout (the longest has {max(lengths, default=0)} "
+                         "tokens); lower distill.gamma or raise data.max_new_tokens")
+    train_pairs = window_index(lengths, train_rows, recipe.distill.stride)
+    eval_pairs = window_index(lengths, heldout or train_rows[:1], recipe.distill.stride)
+    pick = torch.randperm(len(eval_pairs), generator=torch.Generator().manual_seed(recipe.run.seed))
+    eval_pairs = eval_pairs[pick[: recipe.train.eval_windows]]
+    data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs)}
+    if lead:
+        print(f"{len(rows)} rollouts: {len(train_pairs)} training windows, {len(eval_pairs)} held-out windows "
+              f"(gamma {gamma})", flush=True)
+
+    # ----------------------------------------------------------------------------------------- models
+    d = recipe.drafter
+    zero3 = Engine.prepare(recipe, world)  # ZeRO-3: parameters are sharded while the model loads
+    weights_dtype = "bfloat16" if recipe.deepspeed.bf16 else "float32"
+    model, tokenizer = load_drafter_model(d.path, d.family, weights_dtype, d.trust_remote_code)
+    mask_id = d.mask_token_id if d.mask_token_id is not None else tokenizer.mask_token_id
+    vocab = len(tokenizer)
+    if FAMILIES[d.family].masked and mask_id is None:
+        raise AlignError(f"the {d.family} drafter needs a mask token: its tokenizer has none; set drafter.mask_token_id")
+    if recipe.lora.r:
+        torch.manual_seed(recipe.run.seed)
+        model = lora_model(model, recipe)
+    if lead:  # the inputs are good: from here on the folder holds this recipe's run
+        out.mkdir(parents=True, exist_ok=True)
+        save_recipe(recipe, out / "recipe.yaml")
+    engine = Engine(model, recipe, world)
+    teacher = None
+    if recipe.distill.objective in NEEDS_TEACHER:
+        teacher, _ = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype)
+        teacher.to(engine.device).requires_grad_(False)
+    loss_fn, temperature = LOSSES[recipe.distill.objective], recipe.distill.temperature
+
+    def batch_of(pairs: torch.Tensor):
+        return make_windows(rows, pairs, gamma, recipe.data.max_prefix_len, d.family, mask_id, vocab,
+                            recipe.run.seed).to(engine.device)
+
+    def forward(batch):
+        logits = FAMILIES[d.family].canvas_logits(engine.engine, batch.prefix, batch.prefix_mask, batch.canvas)
+        return logits[..., :vocab]
+
+    # ----------------------------------------------------------------------------------------- resume
+    checkpoints = out / "checkpoints"
+    state = {"step": 0, "heldout": {}, "data_fingerprint": data_fingerprint}
+    found = list_checkpoints(checkpoints)
+    if found:
+        state = engine.load(found[-1])
+        if lead:
+            print(f"resuming from {found[-1]} (step {state['step']})", flush=True)
+    metrics = MetricsLog(out / "metrics.jsonl", recipe, lead, state["step"])
+
+    # ----------------------------------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate() -> dict:
+        """Held-out windows: E[streak] under q at the deployment temperature, greedy streak, mean q per position."""
+        engine.train(False)
+        mine = eval_pairs[rank::world]
+        sums = torch.zeros(3 + gamma, dtype=torch.float64)
+        for lo in range(0, len(mine), recipe.train.micro_batch_size):
+            batch = batch_of(mine[lo:lo + recipe.train.micro_batch_size])
+            logits = forward(batch).float()
+            valid = batch.labels >= 0
+            logq = (logits / temperature).log_softmax(-1).gather(-1, batch.labels.clamp(min=0)[..., None])[..., 0]
+            q = logq.exp() * valid
+            greedy = (logits.argmax(-1) == batch.labels) & valid
+            sums[0] += len(batch.labels)
+            sums[1] += float(expected_streak(q).sum())
+            sums[2] += float(greedy.long().cumprod(-1).sum())
+            sums[3:] += q.sum(0).double().cpu()
+        all_reduce(sums)
+        engine.train(True)
+        n = max(1.0, float(sums[0]))
+        return {"expected_streak": float(sums[1]) / n, "greedy_streak": float(sums[2]) / n,
+                "q_per_position": [round(float(x) / n, 4) for x in sums[3:]]}
+
+    if "before" not in state["heldout"]:
+        state["heldout"]["before"] = evaluate()
+        metrics.write({"step": 0, "split": "eval", **state["heldout"]["before"]})
+
+    # ----------------------------------------------------------------------------------------- training loop
+    t = recipe.train
+    accumulation = engine.accumulation
+    order = WindowOrder(len(train_pairs), recipe.run.seed)
+    bar = tqdm(total=t.max_steps, initial=state["step"], desc="train", disable=not lead, dynamic_ncols=True)
+    engine.train(True)
+    while state["step"] < t.max_steps:
+        step = state["step"]
+        torch.manual_seed(zlib.crc32(f"{recipe.run.seed}/{step}/{rank}".encode()))  # dropout: the same on resume
+        start = time.perf_counter()
+        windows = train_pairs[order.take(step * t.global_batch_size, t.global_batch_size)]
+        dens = denominators(windows, lengths, gamma, recipe)  # known from the labels alone, for the whole batch
+        totals = torch.zeros(2, dtype=torch.float64)
+        for micro in range(accumulation):
+            lo = (micro * world + rank) * t.micro_batch_size
+            batch = batch_of(windows[lo:lo + t.micro_batch_size])
+            logits = forward(batch)
+            target = None
+            if teacher is not None:
+                target = teacher_logits(teacher, batch, vocab)
+            term = loss_fn(logits, batch.labels, temperature, target)
+            loss = term.num / dens[0]
+            if recipe.distill.ce_weight:
+                loss = loss + recipe.distill.ce_weight * ce_loss(logits, batch.labels, temperature).num / dens[1]
+            if not all_finite(loss):
+                raise AlignError(stop_on_nonfinite(checkpoints, step, lead))
+            engine.backward(loss * accumulation * world)  # DeepSpeed averages over micro-batches and processes
+            engine.step()
+            totals += torch.tensor([float(loss.detach()), float(term.num.detach())], dtype=torch.float64)
+        all_reduce(totals)
+        state["step"] = step + 1
+        bar.update(1)
+        if state["step"] % recipe.log.every == 0 or state["step"] == t.max_steps:
+            record = {"step": state["step"], "split": "train", "loss": float(totals[0]), "lr": engine.lr,
+                      "windows_per_s": t.global_batch_size / (time.perf_counter() - start)}
+            metrics.write(record)
+            bar.set_postfix(loss=f"{record['loss']:.4f}")
+        if state["step"] % t.eval_every == 0 or state["step"] == t.max_steps:
+            state["heldout"]["after"] = evaluate()
+            metrics.write({"step": state["step"], "split": "eval", **state["heldout"]["after"]})
+        if state["step"] % t.save_every == 0 or state["step"] == t.max_steps:
+            saved = engine.save(checkpoints, state["step"], state, t.keep_checkpoints)
+            if lead:
+                save_recipe(recipe, saved / "recipe.yaml")
+    bar.close()
+
+    # ----------------------------------------------------------------------------------------- export
+    barrier()
+    if lead:
+        final = export_checkpoint(list_checkpoints(checkpoints)[-1], out / "final")
+        before, after = state["heldout"]["before"], state["heldout"].get("after", state["heldout"]["before"])
+        print(f"held-out E[streak] {before['expected_streak']:.3f} -> {after['expected_streak']:.3f}, greedy streak "
+              f"{before['greedy_streak']:.3f} -> {after['greedy_streak']:.3f}; aligned drafter in {final}", flush=True)
+    metrics.close()
+    barrier()
+    del zero3
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def heldout_rows(rows: list[dict], fraction: float) -> list[bool]:
+    """Which rollout rows are held out: a fixed fraction of prompts, chosen by a hash of the prompt id."""
+    return [zlib.crc32(str(r["prompt_id"]).encode()) % 10_000 < int(fraction * 10_000) for r in rows]
+
+
+class WindowOrder:
+    """The data order: epoch e is a seeded permutation of all windows; step s takes the next global batch."""
+
+    def __init__(self, count: int, seed: int):
+        self.count, self.seed, self.cache = count, seed, {}
+
+    def _epoch(self, epoch: int) -> torch.Tensor:
+        if epoch not in self.cache:
+            self.cache = {epoch: torch.randperm(self.count, generator=torch.Generator().manual_seed(self.seed + epoch))}
+        return self.cache[epoch]
+
+    def take(self, start: int, size: int) -> torch.Tensor:
+        out = []
+        while size:
+            epoch, offset = divmod(start, self.count)
+            chunk = self._epoch(epoch)[offset:offset + size]
+            out.append(chunk)
+            start, size = start + len(chunk), size - len(chunk)
+        return torch.cat(out)
+
+
+def denominators(windows: torch.Tensor, lengths: list[int], gamma: int, recipe: Recipe) -> torch.Tensor:
+    """(den of the objective, den of cross-entropy) for a whole global batch, from the window lengths alone."""
+    valid = torch.tensor([min(gamma, lengths[row] - t) for row, t in windows.tolist()], dtype=torch.float64)
+    per_window = recipe.distill.objective in ("streak", "ce_streak")
+    return torch.stack([torch.tensor(float(len(windows))) if per_window else valid.sum(), valid.sum()]).float()
+
+
+@torch.no_grad()
+def teacher_logits(verifier, batch, vocab: int) -> torch.Tensor:
+    """The verifier's logits at each block position, teacher-forced on the rollout tokens: (B, γ, V)."""
+    labels = batch.labels.clamp(min=0)
+    ids = torch.cat([batch.prefix, labels[:, :-1]], dim=1)
+    mask = torch.cat([batch.prefix_mask, torch.ones_like(labels[:, :-1])], dim=1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = verifier(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    return logits[:, batch.prefix.shape[1] - 1:, :vocab]
+
+
+class MetricsLog:
+    """``metrics.jsonl`` always (lines after a resumed step are dropped), wandb when the recipe turns it on."""
+
+    def __init__(self, path: Path, recipe: Recipe, lead: bool, resumed_step: int):
+        self.path, self.lead, self.wandb = path, lead, None
+        if not lead:
+            return
+        if path.is_file():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resumed_step]
+            path.write_text("".join(line + "\n" for line in kept))
+        if recipe.log.wandb:
+            import wandb
+
+            self.wandb = wandb.init(project=recipe.log.wandb_project, name=recipe.run.name, mode=recipe.log.wandb_mode,
+                                    dir=str(path.parent), config=recipe.to_dict(), resume="allow",
+                                    id=f"{recipe.run.name}-{recipe.fingerprint(('run', 'drafter', 'distill'))}")
+
+    def write(self, record: dict) -> None:
+        if not self.lead:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            prefix = record["split"] + "/"
+            self.wandb.log({prefix + k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"},
+                           step=record["step"])
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def check_run_folder(out: Path, recipe: Recipe) -> None:
+    """Refuse to write into a folder that holds a run of a different recipe (nothing there is touched)."""
+    saved = out / "recipe.yaml"
+    if not saved.is_file():
+        if out.is_dir() and any(out.iterdir()):
+            raise AlignError(f"run.output_dir {out} is not empty and holds no run of align; choose another folder")
+        return
+    try:
+        old = build_recipe(yaml.safe_load(saved.read_text())).to_dict()
+    except (AlignError, yaml.YAMLError):
+        raise AlignError(f"{saved} is not a valid recipe; {out} holds something else: choose another run.output_dir")
+    new = recipe.to_dict()
+    for section, keys in new.items():
+        for key, value in keys.items():
+            allowed = RESUMABLE.get(section, ())
+            if allowed != "*" and key not in allowed and old[section][key] != value:
+                raise AlignError(f"{out} holds a run of a different recipe ({section}.{key} was {old[section][key]!r}, "
+                                 f"now {value!r}); choose another run.output_dir or delete that folder")
+
+
+def init_distributed() -> tuple[int, int]:
+    """Start torch.distributed through DeepSpeed (gloo on CPU); a plain ``python`` run is one process of one."""
+    import deepspeed
+
+    if "RANK" not in os.environ:  # not started by a launcher
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def stop_on_nonfinite(checkpoints: Path, step: int, lead: bool) -> str:
+    """The weights after ``step`` steps gave a non-finite loss: set their checkpoint aside (renamed, not deleted)
+    and say which checkpoint a rerun will resume from."""
+    suspect = checkpoints / f"step-{step}"
+    barrier()
+    if lead and suspect.is_dir():
+        suspect.rename(checkpoints / f"step-{step}.nonfinite")
+    barrier()
+    good = list_checkpoints(checkpoints)
+    where = f"the last good checkpoint is {good[-1]}" if good else "there is no good checkpoint to resume from"
+    aside = f" ({suspect.name} was set aside as {suspect.name}.nonfinite)" if suspect.exists() or lead else ""
+    return (f"the loss is not finite at step {step + 1}; stopped without saving: {where}{aside}. Lower train.lr or "
+            "check the rollouts, then run again")
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce(tensor: torch.Tensor) -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        device_tensor = tensor.to("cuda") if torch.cuda.is_available() else tensor
+        dist.all_reduce(device_tensor)
+        tensor.copy_(device_tensor.cpu())
+
+
+def all_finite(loss: torch.Tensor) -> bool:
+    """Whether the loss is finite on every process (all stop together)."""
+    flag = torch.tensor([0.0 if torch.isfinite(loss.detach()).all() else 1.0], dtype=torch.float64)
+    all_reduce(flag)
+    return float(flag) == 0.0
+
+
+if __name__ == "__main__":
+    run_cli(main)
