@@ -1,0 +1,108 @@
+"""Shared fixtures: tiny random models of every family (hidden 16-32, vocabulary 64), built in seconds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+torch.set_num_threads(1)
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+VOCAB = 64
+EOS, MASK = 1, 3
+
+
+def tiny_verifier(seed: int = 0, vocab: int = VOCAB, dtype=torch.float64):
+    from align.zoo.models import verifier_model
+
+    return verifier_model(vocab, hidden=32, layers=2, heads=2, max_len=256, seed=seed).to(dtype).eval()
+
+
+def tiny_drafter(family: str, seed: int = 0, vocab: int = VOCAB, dtype=torch.float32):
+    from align.zoo.models import diffusiongemma_model, mdlm_model
+
+    if family == "diffusiongemma":
+        model = diffusiongemma_model(vocab, hidden=32, layers=2, heads=2, experts=4, max_len=256, seed=seed)
+    elif family == "mdlm":
+        model = mdlm_model(vocab, hidden=32, layers=2, heads=2, max_len=256, seed=seed)
+    else:
+        from tinydream import TinyDreamConfig, TinyDreamModel
+
+        torch.manual_seed(seed)
+        model = TinyDreamModel(TinyDreamConfig(vocab_size=vocab, hidden_size=32, mask_token_id=MASK))
+    return model.to(dtype).eval()
+
+
+def save_tinydream(model, path: Path) -> None:
+    """Save a TinyDream model as remote code: weights, config with auto_map, and the modelling file."""
+    model.config.auto_map = {"AutoConfig": "tinydream.TinyDreamConfig", "AutoModel": "tinydream.TinyDreamModel"}
+    model.save_pretrained(path)
+    shutil.copy(ROOT / "tests" / "tinydream.py", path / "tinydream.py")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    """A tokenizer trained on a miniature tiny world (a few hundred entries)."""
+    from align.tinyworld.corpus import build_world
+    from align.tinyworld.tokenizer import train_tokenizer
+
+    world = build_world(docs_per_kind=40, test_per_kind=3, seed=0)
+    tok = train_tokenizer([d["prompt"] for d in world["train_docs"]] + [d["response"] for d in world["train_docs"]],
+                          vocab_size=400)
+    path = tmp_path_factory.mktemp("tokenizer")
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory, tokenizer_dir):
+    """Saved tiny verifier and drafters of all three families, each with the shared tokenizer."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    vocab = len(tokenizer)
+    root = tmp_path_factory.mktemp("models")
+    dirs = {}
+    verifier = tiny_verifier(vocab=vocab, dtype=torch.float32)
+    verifier.generation_config = GenerationConfig(eos_token_id=EOS, pad_token_id=0, bos_token_id=2)
+    for name, model in [("verifier", verifier), ("diffusiongemma", tiny_drafter("diffusiongemma", vocab=vocab)),
+                        ("mdlm", tiny_drafter("mdlm", vocab=vocab)), ("dream", tiny_drafter("dream", vocab=vocab))]:
+        path = root / name
+        model = model.float()
+        if name == "dream":
+            save_tinydream(model, path)
+        else:
+            model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        dirs[name] = path
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def world_prompts(tmp_path_factory):
+    """A JSONL of tiny-world training prompts (one per line)."""
+    import json
+
+    from align.tinyworld.corpus import build_world
+
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = build_world(docs_per_kind=40, test_per_kind=3, seed=0)["train_prompts"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def align_cache(tmp_path_factory):
+    """Every test shares one throw-away cache (rollouts land there), never the user's."""
+    path = tmp_path_factory.mktemp("cache")
+    os.environ["ALIGN_CACHE"] = str(path)
+    return path

@@ -1,0 +1,143 @@
+"""The verification engine is lossless: greedy output equals the verifier's own ``generate``, token for token."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import VOCAB, tiny_drafter, tiny_verifier
+from align.drafter import Drafter
+from align.speculative import SpeculativeDecoder, greedy_accept, sampling_accept
+from align.verifier import Verifier, ar_generate
+
+FAMILIES = ("diffusiongemma", "mdlm", "dream")
+
+
+class EchoDrafter(Drafter):
+    """Proposes the verifier's own greedy continuation with some positions corrupted, as one-hot marginals.
+
+    With it every acceptance path is exercised: whole blocks accepted, partial blocks, EOS inside a block.
+    """
+
+    def __init__(self, verifier_model, vocab: int, noise: float, seed: int):
+        self.verifier_model, self.vocab_size, self.noise = verifier_model, vocab, noise
+        self.rng = random.Random(seed)
+
+    def reset(self):
+        pass
+
+    def marginals(self, prefix, gamma, steps=1, temperature=0.0, generator=None):
+        ids = self.verifier_model.generate(prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=gamma,
+                                           min_new_tokens=gamma, do_sample=False, eos_token_id=None, pad_token_id=0)
+        draft = ids[0, prefix.shape[1]:].tolist()
+        draft = [self.rng.randrange(self.vocab_size) if self.rng.random() < self.noise else t for t in draft]
+        logq = torch.full((1, gamma, self.vocab_size), -torch.inf, dtype=torch.float64)
+        logq[0, torch.arange(gamma), torch.tensor(draft)] = 0.0
+        return logq
+
+
+def eos_for(verifier, prompt, mode: str, rng: random.Random) -> int:
+    """An EOS id that the verifier's greedy output reaches at a random point ('inside'), or never reaches ('none')."""
+    seq = ar_generate(verifier, prompt, 40, eos_token_ids=[])
+    if mode == "inside":
+        return seq[rng.randrange(1, 30)]
+    unused = sorted(set(range(VOCAB)) - set(seq) - set(prompt))
+    return unused[0]
+
+
+def check_greedy(drafter, verifier_model, seed: int, gamma: int, steps: int, eos_mode: str, k: int = 1, **selection):
+    rng = random.Random(seed * 1000 + gamma * 10 + steps)
+    prompt = [rng.randrange(4, VOCAB) for _ in range(rng.randint(3, 10))]
+    eos = eos_for(verifier_model, prompt, eos_mode, rng)
+    expected = ar_generate(verifier_model, prompt, 40, eos_token_ids=[eos])
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier_model), eos)
+    from align.selection import make_selection
+
+    out = decoder.generate(prompt, 40, gamma, steps, temperature=0.0, seed=seed,
+                           selection=make_selection(k, **selection))
+    assert out.tokens == expected, (seed, gamma, steps, eos_mode, k)
+    assert sum(b.accepted for b in out.stats.blocks) + len(out.stats.blocks) >= len(out.tokens)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_lossless_every_family(family):
+    """Random tiny models of each family, several seeds, γ ∈ {1, 4, 16}, T ∈ {1, 4}, EOS inside and outside blocks."""
+    for seed in range(3):
+        verifier = tiny_verifier(seed)
+        drafter = Drafter(tiny_drafter(family, seed + 10), family, VOCAB, mask_token_id=3)
+        for gamma in (1, 4, 16):
+            for steps in (1, 4):
+                for eos_mode in ("inside", "none"):
+                    check_greedy(drafter, verifier, seed, gamma, steps, eos_mode)
+
+
+def test_greedy_lossless_with_accepting_drafter():
+    """A drafter that is often right: whole, partial and EOS-ending blocks all decode exactly (60 random cases)."""
+    accepted = []
+    for seed in range(10):
+        verifier = tiny_verifier(seed)
+        for gamma in (1, 4, 16):
+            for eos_mode in ("inside", "none"):
+                drafter = EchoDrafter(verifier, VOCAB, noise=0.15, seed=seed)
+                out = check_greedy(drafter, verifier, seed, gamma, 1, eos_mode)
+                accepted += [b.accepted for b in out.stats.blocks]
+    assert max(accepted) == 16 and 0 in accepted and any(0 < a < 16 for a in accepted)
+
+
+def test_max_new_tokens_and_context_limit():
+    verifier = tiny_verifier(0)
+    drafter = EchoDrafter(verifier, VOCAB, noise=0.0, seed=0)
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    for n in (1, 2, 5, 17, 33):
+        out = decoder.generate([5, 6, 7], n, gamma=16)
+        assert out.tokens == ar_generate(verifier, [5, 6, 7], n, eos_token_ids=[])
+        assert len(out.tokens) == n
+
+
+# ------------------------------------------------------------------------------------------------ stub cases
+
+
+def one_hot_logits(tokens: list[int], vocab: int = 8) -> torch.Tensor:
+    logits = torch.full((1, len(tokens), vocab), -5.0)
+    logits[0, torch.arange(len(tokens)), torch.tensor(tokens)] = 5.0
+    return logits
+
+
+def test_greedy_accept_all_reject_first_partial():
+    verifier_says = one_hot_logits([3, 4, 5, 6, 7])  # argmax after each prefix of a 4-token draft, + bonus
+    cases = {  # draft -> (accepted, next token)
+        (3, 4, 5, 6): (4, 7),  # all accepted, bonus token 7
+        (0, 4, 5, 6): (0, 3),  # first rejected: correction 3
+        (3, 4, 0, 6): (2, 5),  # partial: two accepted, correction 5
+        (3, 4, 5, 0): (3, 6),
+    }
+    for draft, (n, token) in cases.items():
+        accepted, next_token = greedy_accept(torch.tensor([draft]), verifier_says)
+        assert (int(accepted), int(next_token)) == (n, token)
+
+
+def test_sampling_accept_stub_cases():
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(one_hot_logits([3, 4, 5]) * 10, -1)  # verifier certain of 3, 4, then bonus 5
+    q = p[:, :2].clone()
+    accepted, token = sampling_accept(torch.tensor([[3, 4]]), q, p, g)
+    assert (int(accepted), int(token)) == (2, 5)  # p = q: everything accepted, bonus from p
+    q_wrong = torch.softmax(one_hot_logits([6, 4]) * 10, -1)
+    accepted, token = sampling_accept(torch.tensor([[6, 4]]), q_wrong, p, g)
+    assert (int(accepted), int(token)) == (0, 3)  # p(6) ~ 0: rejected, residual puts its mass on 3
+    q_mid = torch.softmax(one_hot_logits([3, 6]) * 10, -1)
+    accepted, token = sampling_accept(torch.tensor([[3, 6]]), q_mid, p, g)
+    assert (int(accepted), int(token)) == (1, 4)
+
+
+def test_sampling_accept_batched_rows_are_independent():
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(64, 5, 8), -1)
+    q = torch.softmax(torch.randn(64, 4, 8), -1)
+    draft = torch.multinomial(q.view(-1, 8), 1, generator=g).view(64, 4)
+    accepted, token = sampling_accept(draft, q, p, g)
+    assert accepted.shape == (64,) and token.shape == (64,)
+    assert int(accepted.min()) >= 0 and int(accepted.max()) <= 4

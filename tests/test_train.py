@@ -1,0 +1,229 @@
+"""The trainer: a few steps of the real CLI with tiny models, resumption after kill -9, two processes, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from align.errors import AlignError
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+
+
+def overrides(model_dirs, prompts, out, family="diffusiongemma", **extra) -> list[str]:
+    base = {
+        "verifier.path": model_dirs["verifier"], "drafter.path": model_dirs[family], "drafter.family": family,
+        "data.prompts": prompts, "data.num_prompts": 16, "data.max_new_tokens": 24, "data.batch_size": 8,
+        "data.heldout_fraction": 0.25, "distill.gamma": 8, "train.max_steps": 4, "train.micro_batch_size": 4,
+        "train.global_batch_size": 8, "train.save_every": 2, "train.eval_every": 2, "train.eval_windows": 16,
+        "train.warmup_steps": 1, "run.output_dir": out, "log.every": 1,
+    }
+    if family == "dream":
+        base["drafter.trust_remote_code"] = "true"
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def run_main(args: list[str]) -> int:
+    from align.train import main
+
+    return main(["recipes/tiny.yaml", *args])
+
+
+def run_cli(args: list[str], launcher: list[str] | None = None, **kwargs) -> subprocess.Popen:
+    command = (launcher or [sys.executable]) + [str(ROOT / "align" / "train.py"), "recipes/tiny.yaml", *args]
+    return subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            **kwargs)
+
+
+def losses(out: Path) -> list[float]:
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    return [l["loss"] for l in lines if l["split"] == "train"]
+
+
+def test_cli_trains_evaluates_and_exports(model_dirs, world_prompts, tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli(overrides(model_dirs, world_prompts, out))
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "recipe.yaml", "meta.json"):
+        assert (out / "final" / name).is_file(), name
+    meta = json.loads((out / "final" / "meta.json").read_text())
+    assert meta["steps"] == 4 and meta["objective"] == "streak" and meta["family"] == "diffusiongemma"
+    assert {"before", "after"} <= set(meta["heldout"])
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(out / "final")
+    assert isinstance(model, DiffusionGemmaForBlockDiffusion)
+    trained = load_file(out / "final" / "model.safetensors")
+    base = load_file(Path(model_dirs["diffusiongemma"]) / "model.safetensors")
+    assert any(not torch.equal(trained[k], base[k]) for k in base if k in trained)  # training changed the weights
+    assert len(losses(out)) == 4
+
+
+def test_kill_during_training_then_resume_gives_the_same_weights(model_dirs, world_prompts, tmp_path):
+    args = dict(model_dirs=model_dirs, prompts=world_prompts)
+    straight = tmp_path / "straight"
+    assert run_main(overrides(out=straight, **args, **{"train.max_steps": 6})) == 0
+    killed = tmp_path / "killed"
+    proc = run_cli(overrides(out=killed, **args, **{"train.max_steps": 6}))
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "step-2").is_dir() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (killed / "checkpoints" / "step-2").is_dir() and not (killed / "final").exists()
+    resumed = run_cli(overrides(out=killed, **args, **{"train.max_steps": 6}))
+    log, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, log
+    assert "resuming from" in log
+    a = load_file(straight / "final" / "model.safetensors")
+    b = load_file(killed / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((killed / "final" / "meta.json").read_text())["steps"] == 6
+    assert [round(x, 6) for x in losses(killed)] == [round(x, 6) for x in losses(straight)]
+
+
+def test_kill_during_rollouts_then_resume_loses_and_duplicates_nothing(model_dirs, world_prompts, tmp_path):
+    from align.config import load_recipe
+    from align.rollouts import generate_rollouts
+
+    common = overrides(model_dirs, world_prompts, tmp_path / "unused", **{"data.num_prompts": 48, "data.batch_size": 4,
+                                                                           "data.max_new_tokens": 48})
+    reference = generate_rollouts(load_recipe("recipes/tiny.yaml", common + [f"data.rollouts_dir={tmp_path / 'a'}"]),
+                                  progress=False)
+    target = tmp_path / "b"
+    cmd = [sys.executable, "-m", "align.rollouts", "recipes/tiny.yaml", *common, f"data.rollouts_dir={target}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list((target / "chunks").glob("0*"))) < 3:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = len(list((target / "chunks").glob("0*")))
+    assert 3 <= done < 12, "the kill should land while rollouts are being made"
+    finished = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    again = generate_rollouts(load_recipe("recipes/tiny.yaml", common + [f"data.rollouts_dir={target}"]), progress=False)
+    assert again.to_list() == reference.to_list()
+    assert len({(r["prompt_index"], r["sample"]) for r in again}) == len(again) == 48
+    meta = json.loads(again.info.description)
+    assert meta["verifier"] == str(model_dirs["verifier"]) and meta["temperature"] == 0.0
+
+
+def test_two_processes_follow_the_one_process_loss_curve(model_dirs, world_prompts, tmp_path):
+    args = dict(model_dirs=model_dirs, prompts=world_prompts)
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert run_main(overrides(out=one, **args, **{"train.max_steps": 5, "train.micro_batch_size": 2})) == 0
+    proc = run_cli(overrides(out=two, **args, **{"train.max_steps": 5, "train.micro_batch_size": 2}),
+                   launcher=[str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "29731"])
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log
+    a, b = losses(one), losses(two)
+    assert len(a) == len(b) == 5
+    assert all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(a, b)), (a, b)
+
+
+@pytest.mark.parametrize("family, extra", [
+    ("mdlm", {"distill.objective": "kd", "lora.r": 4, "lora.target_modules": "[query,value]"}),
+    ("dream", {"distill.objective": "ce_streak", "distill.ce_weight": 0.5}),
+    ("diffusiongemma", {"distill.objective": "tv", "distill.temperature": 0.7}),
+])
+def test_every_family_and_objective_trains(model_dirs, world_prompts, tmp_path, family, extra):
+    out = tmp_path / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, family, **{"train.max_steps": 2, **extra})) == 0
+    meta = json.loads((out / "final" / "meta.json").read_text())
+    assert meta["family"] == family and meta["steps"] == 2
+    from align.loading import load_drafter_model
+
+    model, _ = load_drafter_model(str(out / "final"), family, trust_remote_code=family == "dream")
+    assert not any("lora" in name for name, _ in model.named_parameters())  # adapters merged at export
+
+
+def test_export_cli_matches_the_final_export(model_dirs, world_prompts, tmp_path):
+    out = tmp_path / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2})) == 0
+    result = subprocess.run([sys.executable, "-m", "align.export", str(out / "checkpoints" / "step-2"),
+                             str(tmp_path / "exported")], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    a, b = load_file(out / "final" / "model.safetensors"), load_file(tmp_path / "exported" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+
+def test_bad_input_is_refused_with_one_line(model_dirs, world_prompts, tmp_path):
+    good = overrides(model_dirs, world_prompts, tmp_path / "run")
+    cases = [
+        (["distill.objective=magic"], "distill.objective"),
+        (["distill.gamma=200"], "longer than every rollout"),
+        ([f"drafter.path={model_dirs['verifier']}"], "is a llama model, not a DiffusionGemma"),
+        ([f"drafter.path={model_dirs['verifier']}", "drafter.family=mdlm"], "causal language model.*not a diffusion"),
+    ]
+    for extra, words in cases:
+        with pytest.raises(AlignError, match=words):
+            run_main(good + extra)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(model_dirs, world_prompts, tmp_path, monkeypatch):
+    import align.train
+
+    out = tmp_path / "run"
+    args = overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2})
+    assert run_main(args) == 0
+    before = load_file(out / "final" / "model.safetensors")
+    calls = {"n": 0}
+    streak = align.train.LOSSES["streak"]
+
+    def failing(*a, **k):  # a fault injected in the third step after resuming (two micro-batches a step)
+        calls["n"] += 1
+        term = streak(*a, **k)
+        return term if calls["n"] < 5 else type(term)(term.num * float("nan"), term.den)
+
+    monkeypatch.setitem(align.train.LOSSES, "streak", failing)
+    with pytest.raises(AlignError, match="not finite at step 5.*last good checkpoint is .*step-3"):
+        run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 8, "train.save_every": 1,
+                                                             "train.keep_checkpoints": 5}))
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names == ["step-2", "step-3", "step-4.nonfinite"]
+    after = load_file(out / "final" / "model.safetensors")
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the exported drafter is untouched
+
+
+def test_a_folder_holding_another_recipes_run_is_not_touched(model_dirs, world_prompts, tmp_path):
+    out = tmp_path / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2})) == 0
+    stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    with pytest.raises(AlignError, match="different recipe.*distill.objective"):
+        run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2, "distill.objective": "ce"}))
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == stamp
+
+
+def test_empty_or_corrupt_rollouts_are_refused(model_dirs, world_prompts, tmp_path):
+    from datasets import Dataset
+
+    from align.config import load_recipe
+    from align.rollouts import DATASET, META, rollout_meta
+
+    folder = tmp_path / "rollouts"
+    args = overrides(model_dirs, world_prompts, tmp_path / "run", **{"data.rollouts_dir": folder})
+    (folder / DATASET).mkdir(parents=True)
+    (folder / META).write_text(json.dumps(rollout_meta(load_recipe("recipes/tiny.yaml", args))))
+    Dataset.from_list([{"prompt_ids": [1], "response_ids": [1]}]).select([]).save_to_disk(str(folder / DATASET))
+    with pytest.raises(AlignError, match="empty"):
+        run_main(args)
+    (folder / DATASET / "dataset_info.json").write_text("{broken")
+    with pytest.raises(AlignError, match="corrupt"):
+        run_main(args)
