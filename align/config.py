@@ -56,16 +56,14 @@ class DrafterConfig:
     path: str = option("zoo:tiny-diffusiongemma", "Drafter to align: a local folder, a hub name, or zoo:NAME.")
     family: str = option("diffusiongemma", "Drafter family: its canvas and logits convention.",
                          choices=("diffusiongemma", "mdlm", "dream"))
-    dtype: str = option("float32", "Drafter weights dtype for rollouts/evaluation (training follows deepspeed.bf16).",
-                        choices=("float32", "bfloat16", "float16"))
     trust_remote_code: bool = option(False, "Allow the drafter's own modelling code (needed by Dream/DiffuCoder).")
     mask_token_id: int | None = option(None, "Mask token id for masked families; null reads the tokenizer's.", min=0)
 
 
 @dataclass
 class DataConfig:
-    prompts: str = option("tinyworld:train", "Prompts to roll out: tinyworld:train or a JSONL file of "
-                          '{"id", "prompt", "category"?}.')
+    prompts: str = option("tinyworld:train", "Prompts to roll out: tinyworld:train, hf:DATASET[:SPLIT[:COLUMN]], or "
+                          'a JSONL file of {"id", "prompt", "category"?}.')
     num_prompts: int | None = option(None, "Use at most this many prompts (null: all).", min=1)
     rollouts_dir: str | None = option(None, "Where rollouts are stored; null: a folder under the cache named by "
                                       "a fingerprint of verifier, prompts and sampling settings.")
@@ -135,6 +133,8 @@ class LogConfig:
 
 @dataclass
 class SelectionConfig:
+    """Self-selection defaults for evaluating this run's drafter (the eval.acceptance flags override them)."""
+
     k: int = option(1, "Drafts sampled from one drafter pass (1: no self-selection).", min=1, max=256)
     drafter_temperature: float = option(1.5, "Temperature of the K candidate drafts.", min=1e-3)
     scorer: str = option("verifier", "How candidates are scored (greedy only).",

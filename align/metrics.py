@@ -26,10 +26,14 @@ def expected_streak(q: torch.Tensor, valid: torch.Tensor | None = None) -> torch
 
 @dataclass
 class Block:
-    """One verifier call: the draft length offered and how many draft tokens were accepted."""
+    """One verifier call: the draft length offered, how many draft tokens were accepted, and for analysis the
+    verifier's rank of the first rejected draft token (0 = its top choice; None when nothing was rejected) and its
+    mean entropy (nats) over the positions this block produced."""
 
     gamma: int
     accepted: int
+    rejected_rank: int | None = None
+    entropy: float = 0.0
 
 
 @dataclass

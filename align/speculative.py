@@ -138,7 +138,7 @@ class SpeculativeDecoder:
             stop = next((i for i, t in enumerate(kept) if t in self.eos), None)
             if stop is not None:  # an accepted EOS ends the generation right there
                 kept, next_token = kept[:stop + 1], None
-            stats.blocks.append(Block(g, len(kept)))
+            stats.blocks.append(_block(g, len(kept), accepted, drafts[index], logits[index]))
             new = kept + ([] if next_token is None else [next_token])
             out.pieces.append((kept, next_token))
             out.tokens += new
@@ -164,6 +164,17 @@ class SpeculativeDecoder:
         else:
             accepted, token = greedy_accept(drafts, logits)
         return 0, int(accepted[0]), int(token[0])
+
+
+def _block(gamma: int, kept: int, accepted: int, draft: torch.Tensor, logits: torch.Tensor) -> Block:
+    """A block's statistics: the rejected draft token's rank under the verifier, the verifier's mean entropy."""
+    rank = None
+    if accepted < gamma:
+        row = logits[accepted]
+        rank = int((row > row[draft[accepted]]).sum())
+    logp = logits[:kept + 1].log_softmax(-1)
+    entropy = float(-(logp.exp() * logp).nan_to_num().sum(-1).mean())
+    return Block(gamma, kept, rank, entropy)
 
 
 def _pad_vocab(probs: torch.Tensor, width: int) -> torch.Tensor:

@@ -23,6 +23,10 @@ from align.selection.scorers import drafter_score, oracle_score, select, verifie
 from align.speculative import greedy_accept
 
 
+SCORERS = ("verifier", "drafter", "oracle")
+CANDIDATES = ("iid", "swap")
+
+
 @dataclass
 class Selection:
     """K candidates per block, how they are made and how one is chosen."""
@@ -74,6 +78,12 @@ def make_selection(k: int, drafter_temperature: float = 1.5, scorer: str = "veri
     """A :class:`Selection` for K > 1, or None (one draft per block)."""
     if k < 1:
         raise AlignError(f"k must be at least 1 draft per block, got {k}")
-    if drafter_temperature <= 0:
+    if k == 1:
+        return None
+    if drafter_temperature is None or drafter_temperature <= 0:
         raise AlignError(f"the drafter temperature must be > 0, got {drafter_temperature}")
-    return Selection(k, drafter_temperature, scorer, candidates) if k > 1 else None
+    if scorer not in SCORERS:
+        raise AlignError(f"unknown scorer '{scorer}'; choose one of {', '.join(SCORERS)}")
+    if candidates not in CANDIDATES:
+        raise AlignError(f"unknown candidate generator '{candidates}'; choose one of {', '.join(CANDIDATES)}")
+    return Selection(k, drafter_temperature, scorer, candidates)

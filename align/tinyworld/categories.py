@@ -128,22 +128,22 @@ def json_list(c: Chooser) -> tuple[str, str]:
 
 
 def facts(c: Chooser) -> tuple[str, str]:
-    """Facts from a table: the answer is fully determined by the country named in the prompt."""
-    country, capital, continent, language, currency, people = c.given("country", T.COUNTRIES)
+    """Facts from a table: the answer is fully determined by the country named in the prompt.
+
+    The table comes first; the closing answer names the attribute the prompt asked about, so it can be read off
+    the table line with the same attribute.
+    """
+    country, capital, continent, language, currency = c.given("country", T.COUNTRIES)
     template = c.given("template", T.FACT_TEMPLATES)
-    answer = {
-        T.FACT_TEMPLATES[1]: f"The capital of {country} is {capital}.",
-        T.FACT_TEMPLATES[2]: f"{country} is a country in {continent}.",
-        T.FACT_TEMPLATES[3]: f"People in {country} speak {language}.",
-        T.FACT_TEMPLATES[4]: f"{country} uses the {currency}.",
-        T.FACT_TEMPLATES[5]: f"About {people} million people live in {country}.",
-        T.FACT_TEMPLATES[6]: f"{country} is in {continent}.",
-    }
-    table = (f"Facts about {country}:\n- capital: {capital}\n- continent: {continent}\n- language: {language}\n"
-             f"- currency: the {currency}\n- population: about {people} million")
+    values = {"capital": capital, "continent": continent, "language": language, "currency": f"the {currency}"}
+    table = f"Facts about {country}:\n" + "\n".join(f"- {k}: {v}" for k, v in values.items())
+    prompt = template.format(country=country)
     if template == T.FACT_TEMPLATES[0]:  # a sentence to complete: the answer comes first
-        return template.format(country=country), f"{capital}.\n{table}"
-    return template.format(country=country), f"{table}\nSo: {answer[template]}"
+        return prompt, f"{capital}.\n{table}"
+    asked = next((k for k in values if f"the {k} of" in template), None)
+    if asked is None:  # "Tell me about ...": the table is the answer
+        return prompt, f"{table}\nSo: {country} is a country in {continent}."
+    return prompt, f"{table}\nSo: the {asked} of {country} is {values[asked]}."
 
 
 # ------------------------------------------------------------------------------------------------ semi-open
@@ -180,7 +180,7 @@ def arithmetic(c: Chooser) -> tuple[str, str]:
     kind = c.given("kind", ("multiply", "add", "subtract"))
     steps: list[str]
     if kind == "multiply":  # a two-digit number times one digit, or times a number from 11 to 29
-        a, b = c.given("a", range(11, 50)), c.given("b", [*range(2, 10), *range(11, 30)])
+        a, b = c.given("a", range(11, 30)), c.given("b", [*range(2, 10), *range(11, 30)])
         prompt = c.given("template", ("What is {a} multiplied by {b}? Show your work",
                                       "Compute {a} times {b} step by step")).format(a=a, b=b)
         if b < 10:
@@ -193,8 +193,8 @@ def arithmetic(c: Chooser) -> tuple[str, str]:
                      f"{a} times {ones} = {a * ones}", f"{a * tens} + {a * ones} = {a * b}"]
         result = a * b
     elif kind == "add":
-        count = c.given("count", (3, 4, 5))
-        numbers = [c.given(f"n{i}", range(2, 40)) for i in range(count)]
+        count = c.given("count", (3, 4))
+        numbers = [c.given(f"n{i}", range(2, 30)) for i in range(count)]
         prompt = c.given("template", ("What is {e}? Show your work", "Add {e} step by step")).format(
             e=" + ".join(map(str, numbers)))
         total, steps = numbers[0], [f"Start with {numbers[0]}."]
@@ -204,7 +204,7 @@ def arithmetic(c: Chooser) -> tuple[str, str]:
         result = total
     else:
         who, thing = c.given("who", T.PEOPLE), c.given("thing", ("apples", "coins", "books", "stamps", "shells"))
-        a, b = c.given("a", range(20, 99)), c.given("b", range(2, 20))
+        a, b = c.given("a", range(20, 60)), c.given("b", range(2, 20))
         prompt = (f"{who} has {a} {thing} and gives away {b}. How many {thing} are left? Show your work")
         steps = [f"{who} starts with {a} {thing}.", f"{who} gives away {b}.", f"{a} - {b} = {a - b}"]
         result = a - b
@@ -224,10 +224,17 @@ def summary(c: Chooser) -> tuple[str, str]:
         partner = T.HEROES[(T.HEROES.index(hero) + 1) % len(T.HEROES)]
     title = f"{hero} and {partner}" if isinstance(partner, str) else f"{hero} and the {partner[0]} {partner[1]}"
     prompt = c.given("template", T.STORY_TEMPLATES).format(title=title).rstrip(".")
-    trait = c.pick(("young", "brave", "curious", "quiet", "kind", "lonely", "clever", "proud"), key=hero + "t")
-    role = c.pick(T.ROLES, key=hero + "r")
-    home = c.pick(T.HOMES, key=hero + "h")
+    trait = c.pick(("young", "brave", "curious", "quiet", "kind", "lonely", "clever", "proud"), key=hero + "t", skew=0.1)
+    role = c.pick(T.ROLES, key=hero + "r", skew=0.1)
+    home = c.pick(T.HOMES, key=hero + "h", skew=0.1)
     sentences = [f"{hero} is a {trait} {role} who lives in {home}."]
+    if c.maybe(0.5):
+        sentences.append(c.pick((f"Every {c.pick(('morning', 'evening', 'day'), key=hero)}, {hero} "
+                                 f"{c.pick(('walks', 'works', 'sings', 'waits'), key=hero + 'w')} "
+                                 f"{c.pick(('by the road', 'near the water', 'in the fields', 'alone'), key=hero + 'p')}.",
+                                 f"{hero} dreams of {c.pick(('the sea', 'far lands', 'a quiet life', 'adventure'), key=hero)}.",
+                                 f"{hero} has a {c.pick(('little', 'loud', 'gentle'), key=hero)} "
+                                 f"{c.pick(('dog', 'goat', 'cat', 'horse'), key=hero + 'a')}."), key=title + "x", skew=0.1))
     if isinstance(partner, str):
         place = c.pick(("a market", "a wedding", "a festival", "the harbor"), key=title)
         sentences.append(f"One day, {hero} {c.pick(T.MEET_VERBS, key=title)} {partner} at {place}.")
@@ -240,8 +247,8 @@ def summary(c: Chooser) -> tuple[str, str]:
     if c.maybe(0.6):
         sentences.append(c.pick((f"At first, {hero} is afraid.", f"{hero} does not trust {other} at first.",
                                  f"{other[0].upper() + other[1:]} needs help.", "Nobody believes them."), key=title))
-    sentences.append(f"{c.pick(('Together', 'Soon', 'Before long'), key=hero)}, they "
-                     f"{c.pick(T.JOURNEYS, key=title)}.")
+    sentences.append(f"{c.pick(('Together', 'Soon', 'Before long', 'Then', 'After that'), key=hero, skew=0.1)}, "
+                     f"they {c.pick(T.JOURNEYS, key=title, skew=0.1)}.")
     trouble = c.pick(("a storm", "a long winter", "a jealous king", "a broken bridge", "a dark river"), key=title)
     sentences.append(f"Along the way, they {c.pick(('face', 'survive', 'escape'), key=trouble)} {trouble}.")
     if c.maybe(0.5):
@@ -250,7 +257,9 @@ def summary(c: Chooser) -> tuple[str, str]:
                                  f"{c.pick(('An old woman', 'A stranger', 'A child'), key=hero)} shows them the way.",
                                  "The journey takes many days."), key=title + "e"))
     lesson = c.pick(T.LESSONS, key=title)
-    sentences.append(f"In the end, {hero} learns that {lesson} {c.pick(T.LESSON_ENDS, key=lesson)}.")
+    sentences.append(f"{c.pick(('In the end', 'At last', 'Finally'), key=title, skew=0.1)}, {hero} "
+                     f"{c.pick(('learns', 'sees', 'understands', 'finds out'), key=hero, skew=0.1)} that {lesson} "
+                     f"{c.pick(T.LESSON_ENDS, key=lesson, skew=0.1)}.")
     return prompt, " ".join(sentences)
 
 
@@ -262,11 +271,17 @@ def explanation(c: Chooser) -> tuple[str, str]:
     if c.maybe(0.4):
         parts.append(c.pick(("Good question.", "It is a simple idea.", "Here is the short answer.",
                              "Scientists have studied this for a long time."), key=phenomenon))
-    parts.append(f"{c.pick(T.BECAUSE, key=phenomenon)} {cause}.")
-    parts.append(f"{c.pick(T.THEN, key=phenomenon + '1')} {mechanism}.")
+    parts.append(f"{c.pick(T.BECAUSE, key=phenomenon, skew=0.1)} {cause}.")
+    if c.maybe(0.5):
+        parts.append(c.pick(("This is easy to miss.", "Most people never notice it.", "It is a small detail.",
+                             "Keep this in mind."), key=phenomenon + "m", skew=0.1))
+    parts.append(f"{c.pick(T.THEN, key=phenomenon + '1', skew=0.1)} {mechanism}.")
     if c.maybe(0.5):
         parts.append(f"{c.pick(T.ALSO, key=phenomenon)} {c.pick(('this happens every day', 'it works the same everywhere', 'it is easy to test at home'), key=phenomenon + '2')}.")
-    parts.append(f"{c.pick(T.CONCLUDE, key=phenomenon + '3')} {effect}.")
+    parts.append(f"{c.pick(T.CONCLUDE, key=phenomenon + '3', skew=0.1)} {effect}.")
+    if c.maybe(0.4):
+        parts.append(c.pick(("I hope this helps.", "Nature is full of such things.", "Science explains it well.",
+                             "Now you know."), key=phenomenon + "e", skew=0.1))
     return prompt, " ".join(parts)
 
 

@@ -23,6 +23,9 @@ from align.tinyworld.categories import KINDS, PROBE, Chooser
 
 FILES = ("train_docs.jsonl", "train_prompts.jsonl", "test_prompts.jsonl", "probe.jsonl")
 
+#: documents per kind, relative to ``docs_per_kind``: more facts to memorise, fewer poems (noise by design)
+SHARE = {"facts": 1.5, "poem": 0.5}
+
 
 def sample_doc(kind: str, rng: random.Random, fixed: dict[str, Any] | None = None) -> dict[str, Any]:
     """One document of ``kind``: prompt, response, probe category and the response's entropy in nats."""
@@ -64,7 +67,7 @@ def build_world(docs_per_kind: int = 3000, test_per_kind: int = 25, seed: int = 
                                    for i, d in enumerate(test.values())]
         rng = random.Random(f"{seed}/{kind}/train")
         docs: list[dict] = []
-        while len(docs) < docs_per_kind:
+        while len(docs) < int(docs_per_kind * SHARE.get(kind, 1.0)):
             doc = sample_doc(kind, rng)
             if doc["prompt"] not in reserved:
                 docs.append({"id": f"train-{kind}-{len(docs)}", **doc})

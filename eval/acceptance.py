@@ -1,0 +1,213 @@
+"""Acceptance before and after alignment, per category and per position, with speed, in one command.
+
+    python -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld
+    python -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld-probe --gamma 8,16,32 --k 1,4,8
+    python -m eval.acceptance --ckpt DIR --verifier PATH --prompts my_prompts.jsonl --temperature 0,1 --seed 0,1,2
+
+``--ckpt`` is an exported drafter (its meta.json names the verifier and the base drafter, the default baseline)
+or any drafter with ``--verifier``. Comma lists sweep. Writes acceptance.json, report.md and PNG plots into
+``--out`` (default: ``<ckpt>/eval``), and with ``--save-outputs`` every output's token ids (outputs.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+import align
+from align.config import SelectionConfig, build_recipe
+from align.errors import AlignError, run_cli
+from align.loading import infer_family, load_drafter_model, load_verifier_model, shared_vocab_size
+from align.drafter import Drafter
+from align.prompts import encode_prompt, read_prompt_file
+from align.selection import make_selection
+from align.speculative import SpeculativeDecoder
+from align.verifier import Verifier, ar_generate, eos_ids
+from align.zoo import resolve
+from eval.analysis import PromptRecord, combine_seeds, summarize
+from eval.suites import SUITES, load_suite
+
+
+def comma_list(kind):
+    def parse(text: str):
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {kind.__name__} values, got '{text}'")
+    return parse
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eval.acceptance", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", required=True, help="the (aligned) drafter: an exported folder or any drafter path")
+    p.add_argument("--baseline", default=None, help="drafter to compare with (default: meta.json's base drafter; "
+                   "'none' to skip)")
+    p.add_argument("--verifier", default=None, help="verifier path (default: meta.json's verifier)")
+    p.add_argument("--family", default=None, help="drafter family (default: meta.json's, or detected)")
+    p.add_argument("--suite", default=None, help=f"prompt suite: {', '.join(SUITES)} (default tinyworld)")
+    p.add_argument("--prompts", default=None, help='JSONL of {"id", "prompt", "category"?} instead of a suite')
+    p.add_argument("--gamma", type=comma_list(int), default=[16], help="block lengths (comma list)")
+    p.add_argument("--steps", type=comma_list(int), default=[1], help="denoising steps per block (comma list)")
+    p.add_argument("--temperature", type=comma_list(float), default=[0.0], help="0: greedy (comma list)")
+    p.add_argument("--k", type=comma_list(int), default=None,
+                   help="drafts per block, self-selection (comma list; default: the checkpoint recipe's selection.k, else 1)")
+    p.add_argument("--drafter-temperature", type=comma_list(float), default=None,
+                   help="temperature of the K drafts (default: recipe's, else 1.5)")
+    p.add_argument("--scorer", type=comma_list(str), default=None, help="verifier, drafter, oracle (default: recipe's)")
+    p.add_argument("--candidates", type=comma_list(str), default=None, help="iid, swap (default: recipe's)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    p.add_argument("--seed", type=comma_list(int), default=[0], help="seeds; several give mean ± std")
+    p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval)")
+    p.add_argument("--save-outputs", action="store_true", help="write outputs.jsonl with every output's token ids")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    args = p.parse_args(argv)
+    return args
+
+
+def check_args(args: argparse.Namespace) -> None:
+    for name in ("gamma", "steps", "k"):
+        bad = [v for v in getattr(args, name) if v < 1]
+        if bad:
+            raise AlignError(f"--{name} values must be at least 1, got {bad[0]}")
+    if any(t < 0 for t in args.temperature):
+        raise AlignError("--temperature values must be >= 0")
+    if args.suite and args.prompts:
+        raise AlignError("give either --suite or --prompts, not both")
+
+
+def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]:
+    """(aligned drafter, baseline drafter or None, verifier, family) from the flags and the checkpoint's meta.json."""
+    ckpt = resolve(args.ckpt)
+    meta_file = Path(ckpt) / "meta.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    verifier = args.verifier or meta.get("verifier")
+    if verifier is None:
+        raise AlignError(f"{args.ckpt} has no meta.json naming its verifier (it is not an exported align drafter); "
+                         "pass --verifier PATH")
+    baseline = args.baseline if args.baseline is not None else meta.get("base_drafter")
+    if baseline is not None and baseline.lower() == "none":
+        baseline = None
+    family = args.family or meta.get("family") or infer_family(ckpt, args.trust_remote_code)
+    selection = SelectionConfig()
+    if (Path(ckpt) / "recipe.yaml").is_file():  # an exported drafter: its recipe's self-selection defaults
+        selection = build_recipe(yaml.safe_load((Path(ckpt) / "recipe.yaml").read_text())).selection
+    args.k = args.k or [selection.k]
+    args.drafter_temperature = args.drafter_temperature or [selection.drafter_temperature]
+    args.scorer = args.scorer or [selection.scorer]
+    args.candidates = args.candidates or [selection.candidates]
+    check_args(args)
+    return ckpt, baseline, verifier, family
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ckpt, baseline, verifier_path, family = resolve_models(args)
+    suite = "prompts" if args.prompts else (args.suite or "tinyworld")
+    prompts = read_prompt_file(args.prompts) if args.prompts else load_suite(suite)
+    prompts = prompts[: args.limit]
+    out = Path(args.out or Path(ckpt) / "eval")
+
+    verifier_model, tokenizer = load_verifier_model(verifier_path, args.dtype)
+    eos = eos_ids(verifier_model, tokenizer)
+    encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
+
+    # the verifier alone, once per (temperature, seed): its speed, and its outputs for the lossless check
+    reference: dict[tuple[float, int], tuple[list[list[int]], float]] = {}
+    for temperature, seed in itertools.product(args.temperature, args.seed):
+        start = time.perf_counter()
+        outputs = [ar_generate(verifier_model, ids, args.max_new_tokens, temperature, eos, seed)
+                   for ids in tqdm(encoded, desc=f"verifier alone, temperature {temperature}", leave=False)]
+        reference[(temperature, seed)] = (outputs, time.perf_counter() - start)
+
+    verifier = Verifier(verifier_model)
+    results, saved = [], []
+    drafters = [("aligned", ckpt)] + ([("baseline", baseline)] if baseline else [])
+    for label, path in drafters:
+        model, drafter_tokenizer = load_drafter_model(path, family, args.dtype, args.trust_remote_code)
+        vocab = shared_vocab_size(drafter_tokenizer, tokenizer, path, verifier_path)
+        drafter = Drafter(model, family, vocab, drafter_tokenizer.mask_token_id)
+        decoder = SpeculativeDecoder(drafter, verifier, eos)
+        for setting in settings(args):
+            runs = []
+            for seed in args.seed:
+                try:
+                    selection = make_selection(setting["k"], setting["drafter_temperature"], setting["scorer"],
+                                               setting["candidates"])
+                    if selection is not None:
+                        selection.check(setting["temperature"])
+                except AlignError as error:
+                    print(f"skipped {label} {setting}: {error}")
+                    break
+                records = []
+                desc = f"{label} γ={setting['gamma']} T={setting['steps']} temp={setting['temperature']} k={setting['k']}"
+                for p, ids in zip(tqdm(prompts, desc=desc, leave=False), encoded):
+                    gen = decoder.generate(ids, args.max_new_tokens, setting["gamma"], setting["steps"],
+                                           setting["temperature"], seed, selection)
+                    records.append(PromptRecord(p["id"], p.get("category", "all"), ids, gen.tokens, gen.stats))
+                ar_outputs, ar_seconds = reference[(setting["temperature"], seed)]
+                summary = summarize(records, setting["gamma"])
+                summary.update(label=label, drafter=path, verifier=verifier_path, suite=suite, seed=seed, **setting)
+                summary["ar_tokens_per_s"] = sum(map(len, ar_outputs)) / ar_seconds
+                summary["speedup"] = summary["tokens_per_s"] / summary["ar_tokens_per_s"]
+                summary["lossless"] = (all(r.output_ids == o for r, o in zip(records, ar_outputs))
+                                       if setting["temperature"] == 0 else None)
+                runs.append(summary)
+                if args.save_outputs:
+                    saved += [{"id": r.id, "label": label, "gamma": setting["gamma"], "steps": setting["steps"],
+                               "temperature": setting["temperature"], "k": setting["k"], "seed": seed,
+                               "prompt_ids": r.prompt_ids, "output_ids": r.output_ids} for r in records]
+            if runs:
+                results.append(combine_seeds(runs))
+        del drafter, decoder, model
+
+    out.mkdir(parents=True, exist_ok=True)
+    document = {"environment": environment(args.dtype), "suite": suite, "n_prompts": len(prompts),
+                "max_new_tokens": args.max_new_tokens, "results": results}
+    (out / "acceptance.json").write_text(json.dumps(document, indent=1))
+    if args.save_outputs:
+        with open(out / "outputs.jsonl", "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in saved)
+    from eval.report import summary_table, write_report
+
+    write_report(document, out)
+    print(summary_table(results))
+    print(f"\nreport: {out / 'report.md'}")
+    return 0
+
+
+def settings(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every combination of the swept flags; selection flags only vary where K > 1."""
+    out = []
+    for gamma, steps, temperature, k in itertools.product(args.gamma, args.steps, args.temperature, args.k):
+        combos = (itertools.product(args.scorer, args.candidates, args.drafter_temperature) if k > 1
+                  else [(None, None, None)])
+        for scorer, candidates, drafter_temperature in combos:
+            out.append({"gamma": gamma, "steps": steps, "temperature": temperature, "k": k, "scorer": scorer,
+                        "candidates": candidates, "drafter_temperature": drafter_temperature})
+    return out
+
+
+def environment(dtype: str) -> dict[str, Any]:
+    import transformers
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or 'x86_64'})"
+    return {"device": device, "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "align": align.__version__, "python": platform.python_version()}
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,208 @@
+"""The acceptance report: Markdown tables and PNG plots a reader can understand without the JSON.
+
+Plots: acceptance by block position before/after, accepted per block by category before/after (with the
+verifier's entropy), accepted_mean and speedup against γ (when several γ were run), and the K sweep of
+self-selection (when several K were run). The main setting is the first value of every swept flag.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"baseline": "#9a9a9a", "aligned": "#1f6fb4"}
+
+
+def setting_name(r: dict[str, Any]) -> str:
+    name = f"γ={r['gamma']} T={r['steps']} temp={r['temperature']:g} k={r['k']}"
+    if r["k"] > 1:
+        name += f" {r['scorer']}/{r['candidates']}@{r['drafter_temperature']:g}"
+    return name
+
+
+def _pm(r: dict[str, Any], key: str, fmt: str = "{:.2f}") -> str:
+    value = fmt.format(r[key])
+    if r.get(key + "_std") and len(r.get("seeds", [])) > 1:
+        value += " ± " + fmt.format(r[key + "_std"])
+    return value
+
+
+def summary_table(results: list[dict[str, Any]]) -> str:
+    """One row per drafter and setting: accepted_mean and τ (never confused), speed and losslessness."""
+    lines = ["| setting | drafter | accepted_mean | τ | acceptance rate | expected τ (from α) | tokens/s | "
+             "verifier alone tokens/s | speedup | lossless |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (setting_name(r), r["label"] != "baseline")):
+        lossless = {True: "yes", False: "NO", None: "n/a (sampling)"}[r["lossless"]]
+        lines.append(f"| {setting_name(r)} | {r['label']} | {_pm(r, 'accepted_mean')} | {_pm(r, 'tau')} | "
+                     f"{r['acceptance_rate']:.3f} | {r['expected_tau']:.2f} | {_pm(r, 'tokens_per_s', '{:.1f}')} | "
+                     f"{r['ar_tokens_per_s']:.1f} | {_pm(r, 'speedup')} | {lossless} |")
+    return "\n".join(lines)
+
+
+def _main(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The main setting's result for each label."""
+    first = results[0]
+    keys = ("gamma", "steps", "temperature", "k", "scorer", "candidates", "drafter_temperature")
+    return {r["label"]: r for r in results if all(r[k] == first[k] for k in keys)}
+
+
+def category_table(main: dict[str, dict[str, Any]]) -> str:
+    labels = [l for l in ("baseline", "aligned") if l in main]
+    any_result = next(iter(main.values()))
+    head = "| category | verifier entropy (nats) | " + " | ".join(f"accepted ({l})" for l in labels) + " | " + \
+        " | ".join(f"rejected in verifier top-5 ({l})" for l in labels) + " |"
+    lines = [head, "|---|---|" + "---|" * (2 * len(labels))]
+    for cat in any_result["per_category"]:
+        entropy = any_result["verifier_entropy"].get(cat)
+        accepted = " | ".join(_fmt(main[l]["per_category"].get(cat)) for l in labels)
+        top5 = " | ".join(_fmt(main[l]["rejected_in_top5"].get(cat)) for l in labels)
+        lines.append(f"| {cat} | {_fmt(entropy, '{:.3f}')} | {accepted} | {top5} |")
+    rho = " · ".join(f"{l}: {_fmt(main[l]['entropy_acceptance_spearman'])}" for l in labels)
+    lines.append(f"\nRank correlation (Spearman) of verifier entropy with accepted per block across categories — {rho}")
+    return "\n".join(lines)
+
+
+def probe_table(main: dict[str, dict[str, Any]], prompts: dict[str, str]) -> str:
+    """The published probe's format: accepted draft tokens in the first block out of γ, before -> after."""
+    lines = ["| prompt | category | accepted k/γ (first block), before → after | mean accepted per block, before → after |",
+             "|---|---|---|---|"]
+    after = {p["id"]: p for p in main["aligned"]["per_prompt"]}
+    before = {p["id"]: p for p in main["baseline"]["per_prompt"]} if "baseline" in main else {}
+    for pid, a in after.items():
+        b = before.get(pid)
+        first = lambda p: f"{p['first_block'][0]}/{p['first_block'][1]}" if p and p["first_block"] else "-"
+        lines.append(f"| {prompts.get(pid, pid)} | {a['category']} | {first(b)} → {first(a)} | "
+                     f"{_fmt(b['accepted_mean'] if b else None)} → {_fmt(a['accepted_mean'])} |")
+    return "\n".join(lines)
+
+
+def _fmt(value, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+
+def plot_per_position(main: dict[str, dict[str, Any]], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, r in sorted(main.items()):
+        alphas = r["per_position"]
+        xs = [j + 1 for j, a in enumerate(alphas) if a is not None]
+        ax.plot(xs, [a for a in alphas if a is not None], marker="o", color=COLORS.get(label), label=label)
+    ax.set(xlabel="block position j", ylabel="α_j = P(accept j | positions < j accepted)", ylim=(0, 1.02),
+           title="Acceptance by block position, before and after alignment")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_per_category(main: dict[str, dict[str, Any]], path: Path) -> None:
+    labels = [l for l in ("baseline", "aligned") if l in main]
+    any_result = main[labels[0]]
+    cats = sorted(any_result["per_category"], key=lambda c: any_result["verifier_entropy"].get(c) or 0)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        values = [main[label]["per_category"].get(c) or 0 for c in cats]
+        ax.bar([x + i * width for x in range(len(cats))], values, width, label=label, color=COLORS.get(label))
+    ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(cats))])
+    ax.set_xticklabels([f"{c}\nH={any_result['verifier_entropy'].get(c) or 0:.2f}" for c in cats])
+    ax.set(ylabel="accepted draft tokens per block", xlabel="category (H: verifier entropy, nats; low to high)",
+           title=f"Accepted per block by category (γ={any_result['gamma']})")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_gamma(results: list[dict[str, Any]], path: Path) -> None:
+    first = results[0]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for label in ("baseline", "aligned"):
+        rows = sorted((r for r in results if r["label"] == label and r["k"] == first["k"]
+                       and r["temperature"] == first["temperature"] and r["steps"] == first["steps"]),
+                      key=lambda r: r["gamma"])
+        if rows:
+            axes[0].plot([r["gamma"] for r in rows], [r["accepted_mean"] for r in rows], marker="o", label=label,
+                         color=COLORS[label])
+            axes[1].plot([r["gamma"] for r in rows], [r["speedup"] for r in rows], marker="o", label=label,
+                         color=COLORS[label])
+    axes[0].set(xlabel="block length γ", ylabel="accepted per block", title="Accepted draft tokens per block")
+    axes[1].set(xlabel="block length γ", ylabel="tokens/s ÷ verifier alone", title="Wall-clock speedup")
+    axes[1].axhline(1.0, color="black", lw=0.8, ls="--")
+    for ax in axes:
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_k(results: list[dict[str, Any]], path: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    groups: dict[tuple, list] = {}
+    for r in results:
+        if r["temperature"] == 0:
+            key = (r["label"], r["scorer"] or "-", r["candidates"] or "-", r["drafter_temperature"])
+            groups.setdefault(key, []).append(r)
+    baselines = {r["label"]: r for r in results if r["k"] == 1 and r["temperature"] == 0}
+    for (label, scorer, candidates, dt), rows in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        if scorer == "-":
+            continue
+        rows = sorted(rows + ([baselines[label]] if label in baselines else []), key=lambda r: r["k"])
+        name = f"{label}: {scorer}/{candidates}@{dt:g}"
+        axes[0].plot([r["k"] for r in rows], [r["accepted_mean"] for r in rows], marker="o", label=name)
+        axes[1].plot([r["k"] for r in rows], [r["tokens_per_s"] for r in rows], marker="o", label=name)
+    axes[0].set(xlabel="drafts per block K", ylabel="accepted per block", title="Self-selection: accepted per block")
+    axes[1].set(xlabel="drafts per block K", ylabel="tokens/s", title="Self-selection: wall-clock tokens/s")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(document: dict[str, Any], out: Path) -> list[Path]:
+    """Write report.md and its plots into ``out``; returns the files written."""
+    results = document["results"]
+    main = _main(results)
+    written = [out / "per_position.png", out / "per_category.png"]
+    plot_per_position(main, written[0])
+    plot_per_category(main, written[1])
+    sections = ["# Acceptance report", "",
+                f"Suite **{document['suite']}** ({document['n_prompts']} prompts, at most "
+                f"{document['max_new_tokens']} new tokens each). Verifier `{results[0]['verifier']}`; aligned drafter "
+                f"`{main['aligned']['drafter']}`" + (f"; baseline `{main['baseline']['drafter']}`" if "baseline" in main
+                                                   else "") + ".",
+                "", "Environment: " + ", ".join(f"{k} {v}" for k, v in document["environment"].items()), "",
+                "`accepted_mean`: draft tokens the verifier kept per block (0..γ), pooled over blocks. `τ`: tokens "
+                "per verifier call = accepted + 1. `expected τ`: what the per-position rates α_j imply.", "",
+                "## Summary", "", summary_table(results), "",
+                f"## Per category ({setting_name(main['aligned'])})", "", category_table(main), "",
+                "![accepted by category](per_category.png)", "", "## Per block position", "",
+                "![acceptance by position](per_position.png)", ""]
+    if len({r["gamma"] for r in results}) > 1:
+        written.append(out / "gamma_sweep.png")
+        plot_gamma(results, written[-1])
+        sections += ["## Block length", "", "![accepted and speedup against gamma](gamma_sweep.png)", ""]
+    if len({r["k"] for r in results}) > 1:
+        written.append(out / "k_sweep.png")
+        plot_k(results, written[-1])
+        sections += ["## Self-selection", "", "![K sweep](k_sweep.png)", ""]
+    if document["suite"] in ("tinyworld-probe", "probe8"):
+        from eval.suites import load_suite
+
+        prompts = {p["id"]: p["prompt"] for p in load_suite(document["suite"])}
+        sections += ["## Per prompt (the probe's format)", "", probe_table(main, prompts), ""]
+    (out / "report.md").write_text("\n".join(sections))
+    return [out / "report.md", *written]

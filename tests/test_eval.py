@@ -1,0 +1,116 @@
+"""The evaluation suite: JSON schema, suites, sweeps, the report, losslessness of saved outputs, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from align.errors import AlignError
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = {"label", "drafter", "verifier", "suite", "gamma", "steps", "temperature", "k", "n_prompts", "n_blocks",
+          "accepted_mean", "tau", "acceptance_rate", "per_position", "per_category", "tokens_per_s",
+          "ar_tokens_per_s", "speedup", "lossless", "expected_tau", "rejected_in_top5", "verifier_entropy",
+          "entropy_acceptance_spearman", "per_prompt"}
+
+
+@pytest.fixture(scope="module")
+def exported(model_dirs, tmp_path_factory):
+    """A drafter folder laid out like an export: weights, tokenizer and a meta.json naming verifier and base."""
+    path = tmp_path_factory.mktemp("exported") / "final"
+    shutil.copytree(model_dirs["mdlm"], path)
+    (path / "meta.json").write_text(json.dumps({"verifier": str(model_dirs["verifier"]), "family": "mdlm",
+                                                "base_drafter": str(model_dirs["mdlm"])}))
+    return path
+
+
+def evaluate(args: list[str]) -> int:
+    from eval.acceptance import main
+
+    return main(args)
+
+
+def test_schema_sweep_report_and_lossless_outputs(exported, world_prompts, model_dirs, tmp_path):
+    out = tmp_path / "eval"
+    assert evaluate(["--ckpt", str(exported), "--prompts", str(world_prompts), "--limit", "4", "--gamma", "2,4",
+                     "--k", "1,2", "--max-new-tokens", "12", "--seed", "0,1", "--out", str(out), "--save-outputs"]) == 0
+    doc = json.loads((out / "acceptance.json").read_text())
+    assert {"device", "dtype", "torch", "transformers"} <= set(doc["environment"])
+    results = doc["results"]
+    assert len(results) == 2 * 2 * 2  # label x gamma x k
+    for r in results:
+        assert FIELDS <= set(r), FIELDS - set(r)
+        assert r["tau"] == pytest.approx(r["accepted_mean"] + 1)
+        assert len(r["per_position"]) == r["gamma"] and r["lossless"] is True
+        assert r["seeds"] == [0, 1] and "accepted_mean_std" in r
+    assert {r["label"] for r in results} == {"aligned", "baseline"}
+    for name in ("report.md", "per_position.png", "per_category.png", "gamma_sweep.png", "k_sweep.png"):
+        assert (out / name).stat().st_size > 1000 or name == "report.md" and (out / name).stat().st_size > 200
+    assert "| setting | drafter | accepted_mean | τ |" in (out / "report.md").read_text()
+
+    from align.loading import load_verifier_model
+
+    verifier, _ = load_verifier_model(str(model_dirs["verifier"]))
+    rows = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * 8 * 2
+    for row in rows[:8]:
+        ids = torch.tensor([row["prompt_ids"]])
+        expected = verifier.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
+                                     eos_token_id=1, pad_token_id=0)[0, ids.shape[1]:].tolist()
+        assert row["output_ids"] == expected
+
+
+def test_sampling_sweep_marks_lossless_as_not_applicable(exported, world_prompts, tmp_path):
+    out = tmp_path / "eval"
+    assert evaluate(["--ckpt", str(exported), "--prompts", str(world_prompts), "--limit", "2", "--temperature", "1",
+                     "--k", "1,2", "--scorer", "verifier,drafter", "--baseline", "none", "--max-new-tokens", "8",
+                     "--out", str(out)]) == 0
+    results = json.loads((out / "acceptance.json").read_text())["results"]
+    assert [r["label"] for r in results] == ["aligned", "aligned"]  # the drafter scorer is refused when sampling
+    assert all(r["lossless"] is None for r in results)
+
+
+def test_suites_load(tmp_path):
+    from eval.suites import load_suite, read_specbench
+
+    probe = load_suite("tinyworld-probe")
+    assert len(probe) == 8 and probe[2]["prompt"] == "The capital of France is"
+    assert len({p["category"] for p in load_suite("tinyworld")}) == 7
+    shared = ROOT.parent / "shared" / "data"
+    if not (shared / "spec_bench" / "question.jsonl").is_file():
+        pytest.skip("../shared/data is not here")
+    spec = load_suite("specbench")
+    assert len(spec) == 480 and {"translation", "summarization", "qa", "math_reasoning", "rag"} <= {
+        s["category"] for s in spec}
+    assert spec[0]["prompt"].startswith("Compose an engaging travel blog post")
+    assert [p["prompt"] for p in load_suite("probe8")][0] == "Translate 'good morning' into Spanish"
+    broken = tmp_path / "q.jsonl"
+    broken.write_text('{"question_id": 1, "category": "x", "turns": ["hi"]}\n{"question_id": 2}\n')
+    with pytest.raises(AlignError, match="q.jsonl:2"):
+        read_specbench(broken)
+
+
+def test_bad_input_is_one_line_and_nonzero(exported, model_dirs, world_prompts, tmp_path):
+    no_meta = tmp_path / "plain"
+    shutil.copytree(model_dirs["mdlm"], no_meta)
+    bad_prompts = tmp_path / "bad.jsonl"
+    bad_prompts.write_text('{"id": 1, "prompt": "hello"}\n{"id": 2, "prompt": \n')
+    cases = [
+        (["--ckpt", str(no_meta), "--prompts", str(world_prompts)], "no meta.json naming its verifier"),
+        (["--ckpt", str(exported), "--prompts", str(bad_prompts)], "bad.jsonl:2: not valid JSON"),
+        (["--ckpt", str(exported), "--suite", "nosuch"], "unknown suite 'nosuch'"),
+        (["--ckpt", str(exported), "--prompts", str(world_prompts), "--gamma", "0"], "--gamma values must be at least 1"),
+    ]
+    for args, words in cases:
+        with pytest.raises(AlignError, match=words):
+            evaluate(args)
+    result = subprocess.run([sys.executable, "-m", "eval.acceptance", "--ckpt", str(no_meta)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("error: ") and "--verifier" in result.stderr

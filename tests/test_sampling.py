@@ -1,0 +1,107 @@
+"""Sampling is lossless in distribution: the engine's first tokens follow the verifier's own sampling distribution.
+
+The reference is exact: P(x_1..x_n) = Π_i softmax(logits_i / T)[x_i], enumerated over all V^n continuations of a
+tiny vocabulary. The engine's samples are compared with a chi-square test (cells with expected count < 5 merged,
+p-value from the Wilson-Hilferty approximation); the threshold is p > 1e-3 for the engine and p < 1e-6 for a
+deliberately broken acceptance rule, which shows the test can fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+import align.speculative as speculative
+from align.drafter import Drafter
+from align.speculative import SpeculativeDecoder
+from align.verifier import Verifier
+
+V, PROMPT, N_TOKENS = 8, [4, 5, 6], 3
+
+
+def models(real: bool = False):
+    """Stub models (fast, peaked, different from each other) or real tiny transformers models."""
+    if real:
+        from align.zoo.models import mdlm_model, verifier_model
+
+        verifier = verifier_model(V, hidden=16, layers=1, heads=2, max_len=64, seed=3).double().eval()
+        drafter = mdlm_model(V, hidden=16, layers=1, heads=2, max_len=64, seed=4).eval()
+    else:
+        from stubs import StubCausalLM, StubMaskedLM
+
+        verifier, drafter = StubCausalLM(V, seed=3), StubMaskedLM(V, seed=4)
+    return verifier, Drafter(drafter, "mdlm", V, mask_token_id=3)
+
+
+@torch.no_grad()
+def exact_distribution(verifier, temperature: float) -> dict[tuple[int, ...], float]:
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=N_TOKENS)))
+    ids = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], dim=1)
+    logp = (verifier(input_ids=ids).logits[:, len(PROMPT) - 1:-1] / temperature).log_softmax(-1)
+    probs = logp.gather(-1, seqs[..., None])[..., 0].sum(-1).exp()
+    return {tuple(s): float(p) for s, p in zip(seqs.tolist(), probs)}
+
+
+def chi_square_p(counts: Counter, probs: dict, n: int) -> float:
+    cells, merged_obs, merged_exp = [], 0.0, 0.0
+    for key, p in probs.items():
+        if n * p < 5:
+            merged_obs, merged_exp = merged_obs + counts.get(key, 0), merged_exp + n * p
+        else:
+            cells.append((counts.get(key, 0), n * p))
+    cells.append((merged_obs, merged_exp))
+    stat = sum((o - e) ** 2 / e for o, e in cells if e > 0)
+    df = len(cells) - 1
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))  # Wilson-Hilferty
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def sample(decoder, n: int, temperature: float, steps: int, **selection) -> Counter:
+    from align.selection import make_selection
+
+    chosen = make_selection(**selection) if selection else None
+    return Counter(tuple(decoder.generate(PROMPT, N_TOKENS, gamma=2, steps=steps, temperature=temperature, seed=s,
+                                          selection=chosen).tokens) for s in range(n))
+
+
+@pytest.mark.parametrize("temperature, steps", [(1.0, 1), (0.7, 2)])
+def test_engine_samples_match_the_verifier(temperature, steps):
+    verifier, drafter = models()
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    n = 20_000
+    counts = sample(decoder, n, temperature, steps)
+    probs = exact_distribution(verifier, temperature)
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in probs.items())
+    assert chi_square_p(counts, probs, n) > 1e-3, f"TV {tv:.4f}"
+
+
+def broken_accept(draft, q, p, generator=None):
+    """A classic bug: on rejection, resample from p instead of the residual max(0, p - q)."""
+    batch, gamma = draft.shape
+    px = p[:, :-1].gather(-1, draft[..., None])[..., 0]
+    qx = q.gather(-1, draft[..., None])[..., 0]
+    u = torch.rand((batch, gamma), generator=generator)
+    accepted = (u * qx <= px).long().cumprod(-1).sum(-1)
+    target = p[torch.arange(batch), accepted]
+    return accepted, torch.multinomial(target, 1, generator=generator)[:, 0]
+
+
+def test_real_transformers_models_sample_the_verifier_distribution():
+    """The same check through real Llama / BERT classes (fewer samples: they are slower)."""
+    verifier, drafter = models(real=True)
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    n = 4_000
+    assert chi_square_p(sample(decoder, n, 1.0, 1), exact_distribution(verifier, 1.0), n) > 1e-3
+
+
+def test_the_same_test_rejects_a_broken_acceptance_rule(monkeypatch):
+    verifier, drafter = models()
+    monkeypatch.setattr(speculative, "sampling_accept", broken_accept)
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    n = 20_000
+    counts = sample(decoder, n, 1.0, 1)
+    assert chi_square_p(counts, exact_distribution(verifier, 1.0), n) < 1e-6
