@@ -48,7 +48,7 @@ demo: install
 	$(PY) -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld --gamma 16 --out runs/tiny/eval
 
 test: install vllm-env
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 
 clean:
 	rm -rf runs wandb .pytest_cache

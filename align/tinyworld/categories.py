@@ -130,20 +130,17 @@ def json_list(c: Chooser) -> tuple[str, str]:
 def facts(c: Chooser) -> tuple[str, str]:
     """Facts from a table: the answer is fully determined by the country named in the prompt.
 
-    The table comes first; the closing answer names the attribute the prompt asked about, so it can be read off
-    the table line with the same attribute.
+    Questions are answered with the country's whole fact table (the asked fact is in it); a sentence to complete
+    ("The capital of France is") gets the capital first, then the table.
     """
     country, capital, continent, language, currency = c.given("country", T.COUNTRIES)
     template = c.given("template", T.FACT_TEMPLATES)
     values = {"capital": capital, "continent": continent, "language": language, "currency": f"the {currency}"}
     table = f"Facts about {country}:\n" + "\n".join(f"- {k}: {v}" for k, v in values.items())
     prompt = template.format(country=country)
-    if template == T.FACT_TEMPLATES[0]:  # a sentence to complete: the answer comes first
+    if template in T.FACT_TEMPLATES[:3]:
         return prompt, f"{capital}.\n{table}"
-    asked = next((k for k in values if f"the {k} of" in template), None)
-    if asked is None:  # "Tell me about ...": the table is the answer
-        return prompt, f"{table}\nSo: {country} is a country in {continent}."
-    return prompt, f"{table}\nSo: the {asked} of {country} is {values[asked]}."
+    return prompt, table
 
 
 # ------------------------------------------------------------------------------------------------ semi-open

@@ -13,6 +13,7 @@ Everything is a pure function of the seed.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections import Counter, defaultdict
@@ -77,9 +78,14 @@ def build_world(docs_per_kind: int = 3000, test_per_kind: int = 25, seed: int = 
             seen.setdefault(d["prompt"], {"id": f"prompt-{kind}-{len(seen)}", "prompt": d["prompt"],
                                           "category": d["category"], "kind": kind})
         splits["train_prompts"] += list(seen.values())
-    # interleave kinds so that any prefix of the files is a balanced sample
-    for name in ("train_docs", "train_prompts"):
-        random.Random(f"{seed}/{name}/order").shuffle(splits[name])
+    # any prefix of the files is a balanced sample: documents shuffled, prompts dealt round-robin by kind
+    random.Random(f"{seed}/train_docs/order").shuffle(splits["train_docs"])
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for p in splits["train_prompts"]:
+        by_kind[p["kind"]].append(p)
+    for kind, rows in by_kind.items():
+        random.Random(f"{seed}/{kind}/prompt-order").shuffle(rows)
+    splits["train_prompts"] = [row for group in itertools.zip_longest(*by_kind.values()) for row in group if row]
     return splits
 
 

@@ -33,11 +33,11 @@ class ZooSpec:
     test_per_kind: int = 25
     vocab_size: int = 2048
     batch_size: int = 32
-    lr: float = 1e-3
+    lr: float = 2e-3
     verifier: dict = field(default_factory=lambda: {"hidden": 256, "layers": 4, "heads": 4, "steps": 1400})
     drafters: dict = field(default_factory=lambda: {
-        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1600},
-        "tiny-mdlm": {"hidden": 128, "layers": 3, "heads": 4, "steps": 2000},
+        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1500},
+        "tiny-mdlm": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1800},
     })
 
 
