@@ -26,27 +26,31 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     return ([bos] if bos is not None else []) + list(ids)
 
 
-def read_prompt_file(path: str | Path) -> list[dict[str, Any]]:
-    """Read ``{"id", "prompt", "category"?}`` JSONL; a malformed line is an error that names its line number."""
+def jsonl_lines(path: str | Path, expected: str):
+    """(line number, object) for each non-empty line; invalid JSON is an error naming the line and ``expected``."""
     path = Path(path)
     if not path.is_file():
         raise AlignError(f"prompts file not found: {path}")
-    rows = []
     with open(path) as f:
         for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise AlignError(f"{path}:{number}: not valid JSON ({error.msg}); each line must be "
-                                 '{"id": ..., "prompt": ..., "category": ...}') from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-                raise AlignError(f'{path}:{number}: each line needs a non-empty "prompt" string')
-            row.setdefault("id", f"{path.stem}-{number}")
-            row["id"] = str(row["id"])
-            row.setdefault("category", "all")
-            rows.append(row)
+            if line.strip():
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise AlignError(f"{path}:{number}: not valid JSON ({error.msg}); each line must be {expected}") from None
+
+
+def read_prompt_file(path: str | Path) -> list[dict[str, Any]]:
+    """Read ``{"id", "prompt", "category"?}`` JSONL; a malformed line is an error that names its line number."""
+    path = Path(path)
+    rows = []
+    for number, row in jsonl_lines(path, '{"id": ..., "prompt": ..., "category": ...}'):
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise AlignError(f'{path}:{number}: each line needs a non-empty "prompt" string')
+        row.setdefault("id", f"{path.stem}-{number}")
+        row["id"] = str(row["id"])
+        row.setdefault("category", "all")
+        rows.append(row)
     if not rows:
         raise AlignError(f"prompts file {path} holds no prompts")
     return rows

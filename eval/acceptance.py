@@ -193,8 +193,10 @@ def settings(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every combination of the swept flags; selection flags only vary where K > 1."""
     out = []
     for gamma, steps, temperature, k in itertools.product(args.gamma, args.steps, args.temperature, args.k):
-        combos = (itertools.product(args.scorer, args.candidates, args.drafter_temperature) if k > 1
-                  else [(None, None, None)])
+        combos = [(None, None, None)]
+        if k > 1:  # the swap generator does not sample: the drafter temperature does not apply to it
+            combos = [(s, c, t if c != "swap" else args.drafter_temperature[0]) for s in args.scorer
+                      for c in args.candidates for t in (args.drafter_temperature if c != "swap" else [None])]
         for scorer, candidates, drafter_temperature in combos:
             out.append({"gamma": gamma, "steps": steps, "temperature": temperature, "k": k, "scorer": scorer,
                         "candidates": candidates, "drafter_temperature": drafter_temperature})

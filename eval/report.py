@@ -93,9 +93,15 @@ def plot_per_position(main: dict[str, dict[str, Any]], path: Path) -> None:
     for label, r in sorted(main.items()):
         alphas = r["per_position"]
         xs = [j + 1 for j, a in enumerate(alphas) if a is not None]
-        ax.plot(xs, [a for a in alphas if a is not None], marker="o", color=COLORS.get(label), label=label)
-    ax.set(xlabel="block position j", ylabel="α_j = P(accept j | positions < j accepted)", ylim=(0, 1.02),
-           title="Acceptance by block position, before and after alignment")
+        ax.plot(xs, [a for a in alphas if a is not None], marker="o", color=COLORS.get(label), label=f"{label}: α_j")
+        reach, share = [], 1.0
+        for a in alphas:  # the share of blocks whose streak reaches position j: Π_{i<j} α_i
+            reach.append(share)
+            share *= a or 0.0
+        ax.plot(range(1, len(reach) + 1), reach, ls="--", color=COLORS.get(label), alpha=0.7,
+                label=f"{label}: share of blocks reaching j")
+    ax.set(xlabel="block position j", ylabel="rate", ylim=(0, 1.02),
+           title="Acceptance by block position (α_j: accepted at j given all before were)")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

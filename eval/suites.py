@@ -12,13 +12,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from align.errors import AlignError
-from align.prompts import load_prompts, read_prompt_file
+from align.prompts import jsonl_lines, load_prompts, read_prompt_file
 
 SUITES = ("tinyworld", "tinyworld-probe", "probe8", "specbench")
 
@@ -52,14 +51,10 @@ def _data_file(relative: str, suite: str) -> Path:
 def read_specbench(path: Path) -> list[dict[str, Any]]:
     """Spec-Bench's question file: ``{"question_id", "category", "turns": [...]}``; the first turn is the prompt."""
     rows = []
-    with open(path) as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                rows.append({"id": str(row["question_id"]), "prompt": row["turns"][0], "category": row["category"]})
-            except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-                raise AlignError(f"{path}:{number}: not a Spec-Bench question (needs question_id, category and "
-                                 "turns)") from None
+    for number, row in jsonl_lines(path, '{"question_id", "category", "turns": [...]}'):
+        try:
+            rows.append({"id": str(row["question_id"]), "prompt": row["turns"][0], "category": row["category"]})
+        except (KeyError, IndexError, TypeError):
+            raise AlignError(f"{path}:{number}: not a Spec-Bench question (needs question_id, category and "
+                             "turns)") from None
     return rows

@@ -80,12 +80,13 @@ def build_world(docs_per_kind: int = 3000, test_per_kind: int = 25, seed: int = 
         splits["train_prompts"] += list(seen.values())
     # any prefix of the files is a balanced sample: documents shuffled, prompts dealt round-robin by kind
     random.Random(f"{seed}/train_docs/order").shuffle(splits["train_docs"])
-    by_kind: dict[str, list[dict]] = defaultdict(list)
-    for p in splits["train_prompts"]:
-        by_kind[p["kind"]].append(p)
-    for kind, rows in by_kind.items():
-        random.Random(f"{seed}/{kind}/prompt-order").shuffle(rows)
-    splits["train_prompts"] = [row for group in itertools.zip_longest(*by_kind.values()) for row in group if row]
+    for name in ("train_prompts", "test_prompts"):
+        by_kind: dict[str, list[dict]] = defaultdict(list)
+        for p in splits[name]:
+            by_kind[p["kind"]].append(p)
+        for kind, rows in by_kind.items():
+            random.Random(f"{seed}/{kind}/{name}-order").shuffle(rows)
+        splits[name] = [row for group in itertools.zip_longest(*by_kind.values()) for row in group if row]
     return splits
 
 

@@ -45,26 +45,15 @@ def _batches(docs: list[Doc], batch_size: int, rng: random.Random) -> Iterator[l
         yield from batches
 
 
-def pretrain_verifier(model: Any, docs: list[Doc], steps: int, batch_size: int = 32, lr: float = 1e-3,
-                      seed: int = 0, desc: str = "verifier") -> list[float]:
-    """Causal-LM pretraining on whole documents (right-padded). Returns the loss per step."""
+def _train(model: Any, steps: int, lr: float, seed: int, desc: str, batch_loss) -> list[float]:
+    """AdamW with warm-up and cosine decay; ``batch_loss()`` gives the next batch's loss. Returns the losses."""
     torch.manual_seed(seed)
-    rng = random.Random(seed)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     scheduler = _schedule(optimizer, steps, warmup=min(200, steps // 10 + 1))
     losses = []
-    batches = _batches(docs, batch_size, rng)
     for _ in (bar := tqdm(range(steps), desc=desc, dynamic_ncols=True)):
-        batch = next(batches)
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, (tokens, _) in enumerate(batch):
-            ids[row, :len(tokens)] = torch.tensor(tokens)
-            mask[row, :len(tokens)] = 1
-        labels = ids.masked_fill(mask == 0, -100)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = batch_loss()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -74,6 +63,24 @@ def pretrain_verifier(model: Any, docs: list[Doc], steps: int, batch_size: int =
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
     model.eval()
     return losses
+
+
+def pretrain_verifier(model: Any, docs: list[Doc], steps: int, batch_size: int = 32, lr: float = 1e-3,
+                      seed: int = 0, desc: str = "verifier") -> list[float]:
+    """Causal-LM pretraining on whole documents (right-padded). Returns the loss per step."""
+    batches = _batches(docs, batch_size, random.Random(seed))
+
+    def batch_loss() -> torch.Tensor:
+        batch = next(batches)
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, (tokens, _) in enumerate(batch):
+            ids[row, :len(tokens)] = torch.tensor(tokens)
+            mask[row, :len(tokens)] = 1
+        return model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+
+    return _train(model, steps, lr, seed, desc, batch_loss)
 
 
 def drafter_batch(batch: list[Doc], family: str, rng: random.Random, mask_token_id: int | None, vocab_size: int,
@@ -103,16 +110,12 @@ def pretrain_drafter(model: Any, family: str, docs: list[Doc], steps: int, mask_
                      vocab_size: int, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
                      desc: str = "drafter") -> list[float]:
     """Denoising pretraining of a diffusion drafter (see the module docstring). Returns the loss per step."""
-    torch.manual_seed(seed)
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)
     fam = FAMILIES[family]
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    scheduler = _schedule(optimizer, steps, warmup=min(200, steps // 10 + 1))
-    losses = []
     batches = _batches(docs, batch_size, rng)
-    for _ in (bar := tqdm(range(steps), desc=desc, dynamic_ncols=True)):
+
+    def batch_loss() -> torch.Tensor:
         prefix, prefix_mask, canvas, labels, denoising = drafter_batch(next(batches), family, rng, mask_token_id,
                                                                        vocab_size, generator)
         self_conditioning = None
@@ -120,14 +123,6 @@ def pretrain_drafter(model: Any, family: str, docs: list[Doc], steps: int, mask_
             with torch.no_grad():
                 self_conditioning = fam.canvas_logits(model, prefix, prefix_mask, canvas)
         logits = fam.canvas_logits(model, prefix, prefix_mask, canvas, self_conditioning)
-        loss = F.cross_entropy(logits[..., :vocab_size].reshape(-1, vocab_size), labels.reshape(-1),
-                               ignore_index=-100)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
-    model.eval()
-    return losses
+        return F.cross_entropy(logits[..., :vocab_size].reshape(-1, vocab_size), labels.reshape(-1), ignore_index=-100)
+
+    return _train(model, steps, lr, seed, desc, batch_loss)

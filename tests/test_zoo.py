@@ -1,0 +1,98 @@
+"""The tiny zoo: a miniature build from nothing, saved and loaded like real models; zoo names resolve or fail."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from align.errors import AlignError
+
+MINI = dict(docs_per_kind=20, test_per_kind=2, vocab_size=300, batch_size=4,
+            verifier={"hidden": 32, "layers": 1, "heads": 2, "steps": 3},
+            drafters={"tiny-diffusiongemma": {"hidden": 32, "layers": 1, "heads": 2, "steps": 3},
+                       "tiny-mdlm": {"hidden": 32, "layers": 1, "heads": 2, "steps": 3}})
+
+
+@pytest.fixture()
+def mini_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ALIGN_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_miniature_zoo_builds_saves_and_loads(mini_cache):
+    from align.loading import load_pair
+    from align.prompts import encode_prompt
+    from align.speculative import SpeculativeDecoder
+    from align.verifier import ar_generate
+    from align.zoo import MODELS, is_built, model_dir
+    from align.zoo.build import ZooSpec, build
+
+    assert build(spec=ZooSpec(**MINI)) == list(MODELS)
+    assert build(spec=ZooSpec(**MINI)) == []  # nothing missing: nothing rebuilt
+    for name in MODELS:
+        assert is_built(name)
+        for file in ("config.json", "model.safetensors", "tokenizer.json", "zoo.json"):
+            assert (model_dir(name) / file).is_file(), (name, file)
+        meta = json.loads((model_dir(name) / "zoo.json").read_text())
+        assert meta["parameters"] > 0 and meta["spec"]["seed"] == 0
+    for name, family in (("tiny-diffusiongemma", "diffusiongemma"), ("tiny-mdlm", "mdlm")):
+        drafter, verifier, tokenizer = load_pair(f"zoo:{name}", "zoo:tiny-verifier", family)
+        prompt = encode_prompt(tokenizer, "The capital of France is")
+        out = SpeculativeDecoder(drafter, verifier, [tokenizer.eos_token_id]).generate(prompt, 12, gamma=4)
+        assert out.tokens == ar_generate(verifier.model, prompt, 12, eos_token_ids=[tokenizer.eos_token_id])
+    world = mini_cache / "tinyworld"
+    assert {p.name for p in world.iterdir()} >= {"train_docs.jsonl", "train_prompts.jsonl", "test_prompts.jsonl",
+                                                 "probe.jsonl", "world.json"}
+
+
+def test_saved_models_reload_to_the_same_outputs(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, DiffusionGemmaForBlockDiffusion
+
+    from align.zoo.models import diffusiongemma_model, mdlm_model, verifier_model
+
+    ids = torch.randint(4, 60, (1, 9))
+    canvas = torch.randint(4, 60, (1, 4))
+    for make, load in ((verifier_model, AutoModelForCausalLM), (mdlm_model, AutoModelForMaskedLM),
+                       (diffusiongemma_model, DiffusionGemmaForBlockDiffusion)):
+        model = make(64, hidden=32, layers=1, heads=2).eval()
+        model.save_pretrained(tmp_path / make.__name__)
+        again = load.from_pretrained(tmp_path / make.__name__).eval()
+        with torch.no_grad():
+            if make is diffusiongemma_model:
+                from transformers import DynamicCache
+
+                a = model(input_ids=ids, decoder_input_ids=canvas, cache=DynamicCache(config=model.config)).logits
+                b = again(input_ids=ids, decoder_input_ids=canvas, cache=DynamicCache(config=again.config)).logits
+            else:
+                a, b = model(input_ids=ids).logits, again(input_ids=ids).logits
+        assert torch.allclose(a, b, atol=1e-6), make.__name__
+
+
+def test_zoo_names_resolve_build_on_demand_or_fail(mini_cache, monkeypatch, capsys):
+    import align.zoo.build as build_module
+    from align.zoo import resolve
+    from align.zoo.build import ZooSpec
+
+    with pytest.raises(AlignError, match="unknown zoo model 'tiny-gpt'; the tiny zoo has: tiny-verifier"):
+        resolve("zoo:tiny-gpt")
+    assert resolve("/some/local/folder") == "/some/local/folder"
+    real = build_module.build
+    monkeypatch.setattr(build_module, "build", lambda names: real(names, spec=ZooSpec(**MINI)))
+    path = resolve("zoo:tiny-mdlm")
+    assert "zoo:tiny-mdlm is not built yet: building it" in capsys.readouterr().out
+    assert path.endswith("tiny-mdlm") and (mini_cache / "zoo" / "tiny-mdlm" / "zoo.json").is_file()
+    assert not (mini_cache / "zoo" / "tiny-verifier").exists()  # only what was asked for
+
+
+def test_zoo_cli_lists_and_refuses_unknown_names(mini_cache):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "align.zoo", "build", "tiny-nope"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "error: unknown zoo model 'tiny-nope'; the tiny zoo has: tiny-verifier, tiny-diffusiongemma, tiny-mdlm")
+    listing = subprocess.run([sys.executable, "-m", "align.zoo", "list"], capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0 and listing.stdout.count("not built") == 3
