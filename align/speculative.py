@@ -116,16 +116,11 @@ class SpeculativeDecoder:
             g = min(gamma, room)
             prefix = torch.tensor([prompt + out.tokens], device=device)
             t0 = time.perf_counter()
-            if g > 0:
-                logq = self.drafter.marginals(prefix, g, steps, temperature, generator)[0]  # (γ, V)
             if g == 0:  # no room for a draft: one plain verifier step
-                drafts, logq = torch.zeros((1, 0), dtype=torch.long, device=device), None
-            elif selection is not None:
-                drafts = selection.candidates(logq, generator)
-            elif temperature > 0:
-                drafts = torch.multinomial((logq / temperature).softmax(-1), 1, generator=generator).T
+                logq, drafts = None, torch.zeros((1, 0), dtype=torch.long, device=device)
             else:
-                drafts = logq.argmax(-1)[None]
+                logq = self.drafter.marginals(prefix, g, steps, temperature, generator)[0]  # (γ, V)
+                drafts = self._drafts(logq, temperature, generator, selection)  # (K, γ)
             t2 = time.perf_counter()
             logits = self.verifier.score(drafts)  # (K, γ + 1, V)
             t3 = time.perf_counter()
@@ -148,6 +143,15 @@ class SpeculativeDecoder:
         stats.new_tokens = len(out.tokens)
         stats.total_s = time.perf_counter() - start
         return out
+
+    @staticmethod
+    def _drafts(logq, temperature, generator, selection) -> torch.Tensor:
+        """The draft(s) from the marginals: K candidates, a sample at the decoding temperature, or the argmax."""
+        if selection is not None:
+            return selection.candidates(logq, generator)
+        if temperature > 0:
+            return torch.multinomial((logq / temperature).softmax(-1), 1, generator=generator).T
+        return logq.argmax(-1)[None]
 
     def _accept(self, drafts, logq, logits, temperature, generator, selection) -> tuple[int, int, int]:
         """Pick the draft to keep (K > 1) and apply the acceptance rule: (index, accepted, next token)."""
