@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 REGIMES = {"greedy": {"rollouts": ["data.temperature=0.0"], "verify": "0"},
            "sampled": {"rollouts": ["data.temperature=1.0"], "verify": "1"}}
+LIMIT = 0
 
 
 def run(command: list[str]) -> None:
@@ -33,7 +34,7 @@ def run(command: list[str]) -> None:
 def evaluate(ckpt: str, temperature: str, seed: int, out: Path, extra: list[str]) -> dict:
     run([sys.executable, "-m", "eval.acceptance", "--ckpt", ckpt, "--suite", "tinyworld", "--gamma", "16",
          "--max-new-tokens", "160", "--temperature", temperature, "--seed", str(seed), "--baseline", "none",
-         "--out", str(out), *extra])
+         "--out", str(out), *(["--limit", str(LIMIT)] if LIMIT else []), *extra])
     return json.loads((out / "acceptance.json").read_text())["results"][0]
 
 
@@ -46,7 +47,10 @@ def main() -> None:
     p.add_argument("--extra", default="", help="more overrides for every run, space separated")
     p.add_argument("--tag", default="", help="suffix of the run folders")
     p.add_argument("--out", default="runs/bench/objectives")
+    p.add_argument("--limit", type=int, default=0, help="held-out prompts per evaluation (0: all)")
     args = p.parse_args()
+    global LIMIT
+    LIMIT = args.limit
     out = ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "results.json"
