@@ -136,7 +136,7 @@ class SelectionConfig:
     """Self-selection defaults for evaluating this run's drafter (the eval.acceptance flags override them)."""
 
     k: int = option(1, "Drafts sampled from one drafter pass (1: no self-selection).", min=1, max=256)
-    drafter_temperature: float = option(1.5, "Temperature of the K candidate drafts.", min=1e-3)
+    drafter_temperature: float = option(1.0, "Temperature of the K candidate drafts (1.0 measured best, README: Benchmarks).", min=1e-3)
     scorer: str = option("verifier", "How candidates are scored (greedy only).",
                          choices=("verifier", "drafter", "oracle"))
     candidates: str = option("iid", "Candidate generator.", choices=("iid", "swap"))

@@ -33,7 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--k", type=int, default=1, help="drafts per block (self-selection)")
-    p.add_argument("--drafter-temperature", type=float, default=1.5, help="temperature of the K drafts")
+    p.add_argument("--drafter-temperature", type=float, default=1.0, help="temperature of the K drafts")
     p.add_argument("--scorer", default="verifier", choices=("verifier", "drafter", "oracle"))
     p.add_argument("--candidates", default="iid", choices=("iid", "swap"))
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))

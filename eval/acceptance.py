@@ -61,7 +61,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--k", type=comma_list(int), default=None,
                    help="drafts per block, self-selection (comma list; default: the checkpoint recipe's selection.k, else 1)")
     p.add_argument("--drafter-temperature", type=comma_list(float), default=None,
-                   help="temperature of the K drafts (default: recipe's, else 1.5)")
+                   help="temperature of the K drafts (default: recipe's, else 1.0)")
     p.add_argument("--scorer", type=comma_list(str), default=None, help="verifier, drafter, oracle (default: recipe's)")
     p.add_argument("--candidates", type=comma_list(str), default=None, help="iid, swap (default: recipe's)")
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -32,7 +32,7 @@ class Selection:
     """K candidates per block, how they are made and how one is chosen."""
 
     k: int
-    drafter_temperature: float = 1.5
+    drafter_temperature: float = 1.0
     scorer: str = "verifier"
     candidates_from: str = "iid"
     temperature: float = 0.0  # the decoding temperature, set by ``check``
@@ -73,7 +73,7 @@ class Selection:
         return index, int(accepted[0]), int(token[0])
 
 
-def make_selection(k: int, drafter_temperature: float = 1.5, scorer: str = "verifier",
+def make_selection(k: int, drafter_temperature: float = 1.0, scorer: str = "verifier",
                    candidates: str = "iid") -> Selection | None:
     """A :class:`Selection` for K > 1, or None (one draft per block)."""
     if k < 1:
