@@ -80,7 +80,7 @@ class DataConfig:
 
 @dataclass
 class DistillConfig:
-    objective: str = option("streak", "Training loss (see align/distill/losses.py).",
+    objective: str = option("ce", "Training loss (see align/distill/losses.py; ce measured best, README: Benchmarks).",
                             choices=("streak", "ce_streak", "ce", "kd", "tv"))
     gamma: int = option(16, "Block length: canvas positions per window.", min=1, max=256)
     temperature: float = option(1.0, "Deployment temperature applied to the drafter's logits inside q.", min=1e-3)

@@ -60,7 +60,7 @@ def test_cli_trains_evaluates_and_exports(model_dirs, world_prompts, tmp_path):
     for name in ("config.json", "model.safetensors", "tokenizer.json", "recipe.yaml", "meta.json"):
         assert (out / "final" / name).is_file(), name
     meta = json.loads((out / "final" / "meta.json").read_text())
-    assert meta["steps"] == 4 and meta["objective"] == "streak" and meta["family"] == "diffusiongemma"
+    assert meta["steps"] == 4 and meta["objective"] == "ce" and meta["family"] == "diffusiongemma"
     assert {"before", "after"} <= set(meta["heldout"])
     from transformers import DiffusionGemmaForBlockDiffusion
 
@@ -185,14 +185,14 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(model_dirs, world_pro
     assert run_main(args) == 0
     before = load_file(out / "final" / "model.safetensors")
     calls = {"n": 0}
-    streak = align.train.LOSSES["streak"]
+    ce = align.train.LOSSES["ce"]
 
     def failing(*a, **k):  # a fault injected in the third step after resuming (two micro-batches a step)
         calls["n"] += 1
-        term = streak(*a, **k)
+        term = ce(*a, **k)
         return term if calls["n"] < 5 else type(term)(term.num * float("nan"), term.den)
 
-    monkeypatch.setitem(align.train.LOSSES, "streak", failing)
+    monkeypatch.setitem(align.train.LOSSES, "ce", failing)
     with pytest.raises(AlignError, match="not finite at step 5.*last good checkpoint is .*step-3"):
         run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 8, "train.save_every": 1,
                                                              "train.keep_checkpoints": 5}))
@@ -207,7 +207,7 @@ def test_a_folder_holding_another_recipes_run_is_not_touched(model_dirs, world_p
     assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2})) == 0
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     with pytest.raises(AlignError, match="different recipe.*distill.objective"):
-        run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2, "distill.objective": "ce"}))
+        run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2, "distill.objective": "streak"}))
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == stamp
 
 
