@@ -1,6 +1,6 @@
 """Compare the distillation objectives at the same steps and windows, in two regimes, over seeds.
 
-    python bench/objectives.py                                  # the full comparison (about two hours on 2 cores)
+    python bench/objectives.py                                  # the full comparison (about 90 minutes on 2 cores)
     python bench/objectives.py --objectives ce,streak --seeds 0 --steps 200
 
 regime ``greedy``: greedy verifier rollouts, greedy verification; regime ``sampled``: rollouts sampled at
@@ -43,11 +43,11 @@ def main() -> None:
     p.add_argument("--objectives", default="streak,ce_streak,ce,kd,tv")
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--regimes", default="greedy,sampled")
-    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--steps", type=int, default=300)
     p.add_argument("--extra", default="", help="more overrides for every run, space separated")
     p.add_argument("--tag", default="", help="suffix of the run folders")
     p.add_argument("--out", default="runs/bench/objectives")
-    p.add_argument("--limit", type=int, default=0, help="held-out prompts per evaluation (0: all)")
+    p.add_argument("--limit", type=int, default=96, help="held-out prompts per evaluation (0: all)")
     args = p.parse_args()
     global LIMIT
     LIMIT = args.limit
