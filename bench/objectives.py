@@ -22,7 +22,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 REGIMES = {"greedy": {"rollouts": ["data.temperature=0.0"], "verify": "0"},
            "sampled": {"rollouts": ["data.temperature=1.0"], "verify": "1"}}
-LIMIT = 0
 
 
 def run(command: list[str]) -> None:
@@ -31,10 +30,10 @@ def run(command: list[str]) -> None:
         raise SystemExit(f"failed: {' '.join(command)}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
 
 
-def evaluate(ckpt: str, temperature: str, seed: int, out: Path, extra: list[str]) -> dict:
+def evaluate(ckpt: str, temperature: str, seed: int, out: Path, limit: int, extra: list[str]) -> dict:
     run([sys.executable, "-m", "eval.acceptance", "--ckpt", ckpt, "--suite", "tinyworld", "--gamma", "16",
          "--max-new-tokens", "160", "--temperature", temperature, "--seed", str(seed), "--baseline", "none",
-         "--out", str(out), *(["--limit", str(LIMIT)] if LIMIT else []), *extra])
+         "--out", str(out), *(["--limit", str(limit)] if limit else []), *extra])
     return json.loads((out / "acceptance.json").read_text())["results"][0]
 
 
@@ -49,8 +48,6 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench/objectives")
     p.add_argument("--limit", type=int, default=96, help="held-out prompts per evaluation (0: all)")
     args = p.parse_args()
-    global LIMIT
-    LIMIT = args.limit
     out = ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "results.json"
@@ -60,7 +57,7 @@ def main() -> None:
         key = f"{regime}/unaligned"
         if key not in results:
             r = evaluate("zoo:tiny-diffusiongemma", spec["verify"], 0, out / f"{regime}-unaligned",
-                         ["--verifier", "zoo:tiny-verifier"])
+                         args.limit, ["--verifier", "zoo:tiny-verifier"])
             results[key] = {"accepted_mean": r["accepted_mean"], "per_category": r["per_category"]}
             results_file.write_text(json.dumps(results, indent=1))
         for objective in args.objectives.split(","):
@@ -77,7 +74,7 @@ def main() -> None:
                 seconds = time.time() - start
                 metrics = [json.loads(l) for l in (folder / "metrics.jsonl").read_text().splitlines()]
                 heldout = [m for m in metrics if m["split"] == "eval"][-1]
-                r = evaluate(str(folder / "final"), spec["verify"], seed, folder / "eval", [])
+                r = evaluate(str(folder / "final"), spec["verify"], seed, folder / "eval", args.limit, [])
                 results[key] = {"accepted_mean": r["accepted_mean"], "per_category": r["per_category"],
                                 "expected_streak": heldout["expected_streak"], "greedy_streak": heldout["greedy_streak"],
                                 "train_seconds": seconds}

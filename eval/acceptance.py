@@ -195,8 +195,8 @@ def settings(args: argparse.Namespace) -> list[dict[str, Any]]:
     for gamma, steps, temperature, k in itertools.product(args.gamma, args.steps, args.temperature, args.k):
         combos = [(None, None, None)]
         if k > 1:  # the swap generator does not sample: the drafter temperature does not apply to it
-            combos = [(s, c, t if c != "swap" else args.drafter_temperature[0]) for s in args.scorer
-                      for c in args.candidates for t in (args.drafter_temperature if c != "swap" else [None])]
+            combos = [(s, c, t) for s in args.scorer for c in args.candidates
+                      for t in (args.drafter_temperature if c != "swap" else args.drafter_temperature[:1])]
         for scorer, candidates, drafter_temperature in combos:
             out.append({"gamma": gamma, "steps": steps, "temperature": temperature, "k": k, "scorer": scorer,
                         "candidates": candidates, "drafter_temperature": drafter_temperature})
