@@ -2,6 +2,9 @@
 
     python bench/objectives.py                                  # the full comparison (about 90 minutes on 2 cores)
     python bench/objectives.py --objectives ce,streak --seeds 0 --steps 200
+    python bench/objectives.py --regimes greedy --objectives streak --extra "distill.temperature=0.5" --tag _tau0.5
+    python bench/objectives.py --regimes greedy --objectives streak,ce --seeds 0 --tag _after_ce300 \
+        --extra "drafter.path=runs/bench/objectives/greedy-ce-s0/final"    # a ce warm-up, then streak (or more ce)
 
 regime ``greedy``: greedy verifier rollouts, greedy verification; regime ``sampled``: rollouts sampled at
 temperature 1, sampling verification at temperature 1. Every run trains ``recipes/tiny.yaml`` with the given
