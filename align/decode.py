@@ -17,6 +17,7 @@ import time
 from align.errors import AlignError, run_cli
 from align.loading import load_pair
 from align.prompts import encode_prompt
+from align.selection import CANDIDATES, DEFAULTS, SCORERS, make_selection
 from align.speculative import SpeculativeDecoder
 from align.verifier import ar_generate, eos_ids
 
@@ -32,10 +33,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; >0: sampling")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--k", type=int, default=1, help="drafts per block (self-selection)")
-    p.add_argument("--drafter-temperature", type=float, default=1.0, help="temperature of the K drafts")
-    p.add_argument("--scorer", default="verifier", choices=("verifier", "drafter", "oracle"))
-    p.add_argument("--candidates", default="iid", choices=("iid", "swap"))
+    p.add_argument("--k", type=int, default=DEFAULTS.k, help="drafts per block (self-selection)")
+    p.add_argument("--drafter-temperature", type=float, default=DEFAULTS.drafter_temperature,
+                   help="temperature of the K drafts")
+    p.add_argument("--scorer", default=DEFAULTS.scorer, choices=SCORERS)
+    p.add_argument("--candidates", default=DEFAULTS.candidates, choices=CANDIDATES)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--trust-remote-code", action="store_true", help="allow the drafter's own modelling code")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
@@ -43,7 +45,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    from align.selection import make_selection
     from align.zoo import resolve
     from align.loading import infer_family
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from align.config import SelectionConfig
 from align.errors import AlignError
 from align.selection.candidates import iid_candidates, swap_candidates
 from align.selection.multidraft import multidraft_accept
@@ -25,6 +26,7 @@ from align.speculative import greedy_accept
 
 SCORERS = ("verifier", "drafter", "oracle")
 CANDIDATES = ("iid", "swap")
+DEFAULTS = SelectionConfig()  # the measured defaults live in one place: the recipe's selection section
 
 
 @dataclass
@@ -32,9 +34,9 @@ class Selection:
     """K candidates per block, how they are made and how one is chosen."""
 
     k: int
-    drafter_temperature: float = 1.0
-    scorer: str = "verifier"
-    candidates_from: str = "iid"
+    drafter_temperature: float
+    scorer: str
+    candidates_from: str
     temperature: float = 0.0  # the decoding temperature, set by ``check``
 
     def check(self, temperature: float) -> None:
@@ -73,8 +75,8 @@ class Selection:
         return index, int(accepted[0]), int(token[0])
 
 
-def make_selection(k: int, drafter_temperature: float = 1.0, scorer: str = "verifier",
-                   candidates: str = "iid") -> Selection | None:
+def make_selection(k: int, drafter_temperature: float = DEFAULTS.drafter_temperature, scorer: str = DEFAULTS.scorer,
+                   candidates: str = DEFAULTS.candidates) -> Selection | None:
     """A :class:`Selection` for K > 1, or None (one draft per block)."""
     if k < 1:
         raise AlignError(f"k must be at least 1 draft per block, got {k}")
