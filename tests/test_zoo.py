@@ -26,12 +26,12 @@ def test_a_miniature_zoo_builds_saves_and_loads(mini_cache):
     from align.prompts import encode_prompt
     from align.speculative import SpeculativeDecoder
     from align.verifier import ar_generate
-    from align.zoo import MODELS, is_built, model_dir
+    from align.zoo import DEFAULT_BUILD, is_built, model_dir
     from align.zoo.build import ZooSpec, build
 
-    assert build(spec=ZooSpec(**MINI)) == list(MODELS)
+    assert build(spec=ZooSpec(**MINI)) == list(DEFAULT_BUILD)  # the replicas only when named
     assert build(spec=ZooSpec(**MINI)) == []  # nothing missing: nothing rebuilt
-    for name in MODELS:
+    for name in DEFAULT_BUILD:
         assert is_built(name)
         for file in ("config.json", "model.safetensors", "tokenizer.json", "zoo.json"):
             assert (model_dir(name) / file).is_file(), (name, file)
@@ -93,6 +93,7 @@ def test_zoo_cli_lists_and_refuses_unknown_names(mini_cache):
     result = subprocess.run([sys.executable, "-m", "align.zoo", "build", "tiny-nope"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2 and result.stderr.strip() == (
-        "error: unknown zoo model 'tiny-nope'; the tiny zoo has: tiny-verifier, tiny-diffusiongemma, tiny-mdlm")
+        "error: unknown zoo model 'tiny-nope'; the tiny zoo has: tiny-verifier, tiny-diffusiongemma, tiny-mdlm, "
+        "replica-gemma4-verifier, replica-diffusiongemma, replica-qwen2.5-verifier, replica-diffucoder")
     listing = subprocess.run([sys.executable, "-m", "align.zoo", "list"], capture_output=True, text=True, timeout=120)
-    assert listing.returncode == 0 and listing.stdout.count("not built") == 3
+    assert listing.returncode == 0 and listing.stdout.count("not built") == 7

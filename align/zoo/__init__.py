@@ -16,7 +16,14 @@ MODELS = {
     "tiny-verifier": "causal Llama verifier (4.5M parameters)",
     "tiny-diffusiongemma": "DiffusionGemmaForBlockDiffusion drafter, uniform-noise canvas (1.4M parameters)",
     "tiny-mdlm": "BERT masked-diffusion drafter, same-position logits (0.9M parameters)",
+    # random-weight replicas of the shipped recipes' models, shrunk (align/zoo/replicas.py); not built by default
+    "replica-gemma4-verifier": "Gemma4ForConditionalGeneration replica of gemma-4-26B-A4B-it (random weights)",
+    "replica-diffusiongemma": "DiffusionGemmaForBlockDiffusion replica of diffusiongemma-26B-A4B-it (random weights)",
+    "replica-qwen2.5-verifier": "Qwen2ForCausalLM replica of Qwen2.5-7B-Instruct (random weights)",
+    "replica-diffucoder": "Dream-style replica of DiffuCoder-7B-Instruct, remote code (random weights)",
 }
+#: what `python -m align.zoo build` builds when no name is given
+DEFAULT_BUILD = ("tiny-verifier", "tiny-diffusiongemma", "tiny-mdlm")
 
 
 def cache_dir() -> Path:

@@ -1,6 +1,7 @@
 """The tiny zoo's command line.
 
-    python -m align.zoo build [NAME ...] [--force]   # build what is missing (all models by default)
+    python -m align.zoo build [NAME ...] [--force]   # build what is missing (the tiny models by default)
+    python -m align.zoo build replica-gemma4-verifier replica-diffusiongemma [--scale cpu|gpu]  # replicas
     python -m align.zoo report                        # measure the built zoo on held-out prompts
     python -m align.zoo list                          # what exists and where
 """
@@ -12,15 +13,17 @@ import json
 import time
 
 from align.errors import AlignError, run_cli
-from align.zoo import MODELS, cache_dir, is_built, model_dir, world_dir
+from align.zoo import DEFAULT_BUILD, MODELS, cache_dir, is_built, model_dir, world_dir
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m align.zoo", description="Build and inspect the tiny zoo.")
     sub = parser.add_subparsers(dest="command", required=True)
     build_cmd = sub.add_parser("build", help="build missing zoo models")
-    build_cmd.add_argument("names", nargs="*", help=f"models to build (default: all of {', '.join(MODELS)})")
+    build_cmd.add_argument("names", nargs="*", help=f"models to build: {', '.join(MODELS)} (default: {', '.join(DEFAULT_BUILD)})")
     build_cmd.add_argument("--force", action="store_true", help="rebuild even if built")
+    build_cmd.add_argument("--scale", default="cpu", choices=("cpu", "gpu"),
+                           help="size of the replica-* models (cpu: a few M parameters plus the real vocabulary; gpu: ~1B)")
     sub.add_parser("report", help="measure the zoo on held-out prompts (writes report.json)")
     sub.add_parser("list", help="list zoo models")
     args = parser.parse_args(argv)
@@ -32,13 +35,19 @@ def main(argv: list[str]) -> int:
         if unknown:
             raise AlignError(f"unknown zoo model '{unknown[0]}'; the tiny zoo has: {', '.join(MODELS)}")
         start = time.time()
-        built = build(args.names or None, force=args.force)
+        from align.zoo.build import ZooSpec
+
+        built = build(args.names or None, ZooSpec(replica_scale=args.scale), force=args.force)
         print(f"zoo ready in {cache_dir()} ({time.time() - start:.0f} s; built: {', '.join(built) or 'nothing new'})")
         world = json.loads((world_dir() / "world.json").read_text())
         print("tiny world documents per category:", world["train_docs"])
         print("held-out prompts per category:", world["test_prompts"])
-        for name in args.names or MODELS:
+        for name in args.names or DEFAULT_BUILD:
             meta = json.loads((model_dir(name) / "zoo.json").read_text())
+            if "loss_last" not in meta:  # a random-weight replica
+                print(f"  zoo:{name}: {meta['description']}; {meta['parameters'] / 1e6:.1f}M parameters, "
+                      f"{meta['tokens']} tokens, scale {meta['scale']}")
+                continue
             print(f"  zoo:{name}: {meta['description']}; {meta['parameters'] / 1e6:.2f}M parameters, "
                   f"loss {meta['loss_last']:.3f}, built in {meta['seconds']:.0f} s")
     elif args.command == "report":

@@ -19,8 +19,9 @@ from transformers import AutoTokenizer, GenerationConfig
 from align.prompts import encode_prompt
 from align.tinyworld.corpus import read_jsonl, write_world
 from align.tinyworld.tokenizer import train_tokenizer
-from align.zoo import MODELS, is_built, model_dir, world_dir
+from align.zoo import DEFAULT_BUILD, MODELS, is_built, model_dir, world_dir
 from align.zoo.models import BOS, EOS, PAD, diffusiongemma_model, mdlm_model, verifier_model
+from align.zoo.replicas import REPLICAS, build_replica
 from align.zoo.pretrain import Doc, pretrain_drafter, pretrain_verifier
 
 
@@ -34,6 +35,7 @@ class ZooSpec:
     vocab_size: int = 2048
     batch_size: int = 32
     lr: float = 2e-3
+    replica_scale: str = "cpu"  # sizes of the random-weight replicas (align/zoo/replicas.py SCALES)
     verifier: dict = field(default_factory=lambda: {"hidden": 256, "layers": 4, "heads": 4, "steps": 1400})
     drafters: dict = field(default_factory=lambda: {
         "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1500},
@@ -73,7 +75,7 @@ def tokenized_docs(tokenizer) -> list[Doc]:
 def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bool = False) -> list[str]:
     """Build the named zoo models (default: all) that are not built yet; returns the names built."""
     spec = spec or ZooSpec()
-    names = [n for n in MODELS if n in (names or list(MODELS))]
+    names = [n for n in MODELS if n in (names or DEFAULT_BUILD)]
     ensure_world(spec)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
     vocab = len(tokenizer)
@@ -82,8 +84,20 @@ def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bo
     for name in names:
         if is_built(name) and not force:
             continue
-        docs = docs or tokenized_docs(tokenizer)
         start = time.time()
+        if name in REPLICAS:  # random weights: nothing to train
+            partial = model_dir(name).with_name(name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            meta = build_replica(name, tokenizer, partial, spec.replica_scale, spec.seed)
+            meta.update(name=name, description=MODELS[name], seconds=round(time.time() - start, 1))
+            (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
+            shutil.rmtree(model_dir(name), ignore_errors=True)
+            partial.rename(model_dir(name))
+            print(f"saved zoo:{name} ({meta['parameters'] / 1e6:.1f}M parameters, {meta['tokens']} tokens) into "
+                  f"{model_dir(name)}", flush=True)
+            built.append(name)
+            continue
+        docs = docs or tokenized_docs(tokenizer)
         if name == "tiny-verifier":
             v = spec.verifier
             model = verifier_model(vocab, v["hidden"], v["layers"], v["heads"], seed=spec.seed)
