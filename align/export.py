@@ -2,8 +2,8 @@
 
     python -m align.export runs/tiny/checkpoints/step-200 runs/tiny/step-200-export
 
-The output holds the config, safetensors weights (ZeRO shards consolidated, LoRA merged), tokenizer and generation
-config of the base drafter, plus ``recipe.yaml`` (the resolved recipe) and ``meta.json`` (base drafter, family,
+The output holds the config, safetensors weights (ZeRO shards consolidated, LoRA merged, in ``--dtype``), tokenizer
+and generation config of the base drafter, plus ``recipe.yaml`` (the resolved recipe) and ``meta.json`` (base drafter, family,
 verifier, objective, steps, data fingerprint, held-out E[streak] before and after).
 """
 
@@ -14,29 +14,21 @@ import datetime
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
+import torch
 import yaml
+from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 import align
-from align.config import Recipe, build_recipe, save_recipe
+from align.config import build_recipe, save_recipe
 from align.distill.backend import full_state_dict
+from align.distill.lora import merge_lora
 from align.errors import AlignError, run_cli
-from align.loading import load_drafter_model
+from align.loading import DTYPES, load_drafter_model
 
 
-def lora_model(model: Any, recipe: Recipe) -> Any:
-    """``model`` wrapped with the recipe's LoRA adapters (PEFT)."""
-    from peft import LoraConfig, get_peft_model
-
-    lora = recipe.lora
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=lora.target_modules, bias="none")
-    return get_peft_model(model, config)
-
-
-def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
-    """Write the drafter of ``checkpoint`` to ``out`` (atomically); returns ``out``."""
+def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "float32") -> Path:
+    """Write the drafter of ``checkpoint`` to ``out`` (atomically) with weights in ``dtype``; returns ``out``."""
     checkpoint, out = Path(checkpoint), Path(out)
     recipe_file, state_file = checkpoint / "recipe.yaml", checkpoint / "trainer_state.json"
     if not recipe_file.is_file() or not state_file.is_file():
@@ -45,18 +37,13 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     recipe = build_recipe(yaml.safe_load(recipe_file.read_text()))
     state = json.loads(state_file.read_text())
     weights = full_state_dict(checkpoint)
+    if recipe.lora.r:
+        weights = merge_lora(weights, recipe.lora.alpha, recipe.lora.r)
+    unset_hf_deepspeed_config()  # a ZeRO-3 run's partitioned loading must not apply to the model built here
     model, tokenizer = load_drafter_model(recipe.drafter.path, recipe.drafter.family, "float32",
                                           recipe.drafter.trust_remote_code)
-    if recipe.lora.r:
-        model = lora_model(model, recipe)
-        model.load_state_dict(weights, strict=False)
-        model = model.merge_and_unload()
-    else:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        tied = {k for k in missing if any(k.endswith(s) for s in ("lm_head.weight", "decoder.weight"))}
-        if set(missing) - tied or unexpected:
-            raise AlignError(f"{checkpoint} does not match the drafter {recipe.drafter.path}: missing "
-                             f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    load_weights(model, weights, f"{checkpoint} does not match the drafter {recipe.drafter.path}")
+    model.to(DTYPES[dtype])
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(str(partial), safe_serialization=True)
@@ -75,12 +62,26 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     return out
 
 
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], problem: str) -> None:
+    """Load ``weights`` into ``model``; a name may be missing only when it shares its tensor with one that is not
+    (tied embeddings, DiffusionGemma's shared encoder/decoder layers)."""
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    tied = {name for group in names.values() if any(n in weights for n in group) for name in group}
+    missing = sorted(set(missing) - tied - {k for k, _ in model.named_buffers()})
+    if missing or unexpected:
+        raise AlignError(f"{problem}: missing {missing[:3]}, unexpected {sorted(unexpected)[:3]}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m align.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a checkpoints/step-N folder")
     parser.add_argument("out", help="output folder (replaced if it exists)")
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), help="dtype of the exported weights")
     args = parser.parse_args(argv)
-    out = export_checkpoint(args.checkpoint, args.out)
+    out = export_checkpoint(args.checkpoint, args.out, args.dtype)
     print(f"exported {args.checkpoint} to {out}")
     return 0
 
