@@ -1,16 +1,28 @@
 """Acceptance statistics, shared by decoding, training logs and evaluation.
 
 Words (see the README): per block, ``accepted`` is the number of draft tokens the verifier kept (0..γ);
-``tau`` is tokens produced per verifier call, ``accepted + 1`` (vLLM's "mean acceptance length"); both are pooled
-over blocks (sum over blocks / number of blocks), never averaged per request. ``alpha_j`` is the acceptance rate at
+``tau`` is tokens produced per verifier call, ``accepted + 1`` (vLLM's "mean acceptance length") except where an
+accepted EOS ends the text (no verifier token follows it); both are pooled over blocks (sum over blocks / number of
+blocks), never averaged per request. Blocks with no room for a draft (γ = 0, the last token before the length
+limit) are verifier calls for τ and speed, but offer nothing to accept: ``accepted_mean``, the acceptance rate and
+α_j count only blocks that drafted. ``alpha_j`` is the acceptance rate at
 block position j among blocks that reached position j.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
+
+
+def now(device: torch.device | str | None = None) -> float:
+    """``time.perf_counter()`` once ``device`` has finished its queued work (CUDA runs kernels asynchronously, so
+    an unsynchronised timer measures the launch, not the work)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def expected_streak(q: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -34,6 +46,11 @@ class Block:
     accepted: int
     rejected_rank: int | None = None
     entropy: float = 0.0
+    produced: int | None = None  # tokens this verifier call added: accepted + 1, or accepted when EOS ended the text
+
+    def __post_init__(self):
+        if self.produced is None:
+            self.produced = self.accepted + 1
 
 
 @dataclass
@@ -54,15 +71,17 @@ class DecodeStats:
     def summary(self, gamma: int | None = None) -> dict:
         """The pooled figures: accepted_mean, tau, acceptance_rate, per_position (α_1..α_γ), speeds."""
         n = len(self.blocks)
-        accepted = sum(b.accepted for b in self.blocks)
-        offered = sum(b.gamma for b in self.blocks)
+        drafted = [b for b in self.blocks if b.gamma > 0]
+        accepted = sum(b.accepted for b in drafted)
+        offered = sum(b.gamma for b in drafted)
         gamma = gamma or max((b.gamma for b in self.blocks), default=0)
         return {
             "n_blocks": n,
-            "accepted_mean": accepted / n if n else 0.0,
-            "tau": (accepted + n) / n if n else 0.0,
+            "n_drafted": len(drafted),
+            "accepted_mean": accepted / len(drafted) if drafted else 0.0,
+            "tau": sum(b.produced for b in self.blocks) / n if n else 0.0,
             "acceptance_rate": accepted / offered if offered else 0.0,
-            "per_position": per_position(self.blocks, gamma),
+            "per_position": per_position(drafted, gamma),
             "new_tokens": self.new_tokens,
             "tokens_per_s": self.new_tokens / self.total_s if self.total_s else 0.0,
             "drafter_s": self.drafter_s,

@@ -12,14 +12,13 @@ The acceptance rules are pure functions over tensors with a leading batch dimens
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from align.drafter import Drafter
 from align.errors import AlignError
-from align.metrics import Block, DecodeStats
+from align.metrics import Block, DecodeStats, now
 from align.verifier import Verifier
 
 
@@ -105,7 +104,7 @@ class SpeculativeDecoder:
         self.drafter.reset()
         out = Generation(tokens=[])
         stats = out.stats
-        start = time.perf_counter()
+        start = now(device)
         limit = self.verifier.max_length
         while len(out.tokens) < max_new_tokens:
             room = max_new_tokens - len(out.tokens) - 1
@@ -115,25 +114,27 @@ class SpeculativeDecoder:
                 room = min(room, limit - self.verifier.length - 1)
             g = min(gamma, room)
             prefix = torch.tensor([prompt + out.tokens], device=device)
-            t0 = time.perf_counter()
+            t0 = now(device)
             if g == 0:  # no room for a draft: one plain verifier step
                 logq, drafts = None, torch.zeros((1, 0), dtype=torch.long, device=device)
             else:
                 logq = self.drafter.marginals(prefix, g, steps, temperature, generator)[0]  # (γ, V)
                 drafts = self._drafts(logq, temperature, generator, selection)  # (K, γ)
-            t2 = time.perf_counter()
+            t2 = now(device)
             logits = self.verifier.score(drafts)  # (K, γ + 1, V)
-            t3 = time.perf_counter()
+            t3 = now(device)
             index, accepted, next_token = self._accept(drafts, logq, logits, temperature, generator, selection)
-            t4 = time.perf_counter()
+            t4 = now(device)
             kept = drafts[index, :accepted].tolist()
             self.verifier.commit(index, accepted, next_token)
             stats.drafter_s += t2 - t0
             stats.verifier_s += (t3 - t2) + (t4 - t3)
             stop = next((i for i, t in enumerate(kept) if t in self.eos), None)
-            if stop is not None:  # an accepted EOS ends the generation right there
+            if stop is None:
+                stats.blocks.append(_block(g, accepted, drafts[index], logits[index]))
+            else:  # an accepted EOS ends the generation right there: positions after it were never in play
                 kept, next_token = kept[:stop + 1], None
-            stats.blocks.append(_block(g, len(kept), accepted, drafts[index], logits[index]))
+                stats.blocks.append(_block(len(kept), len(kept), drafts[index], logits[index], produced=len(kept)))
             new = kept + ([] if next_token is None else [next_token])
             out.pieces.append((kept, next_token))
             out.tokens += new
@@ -141,7 +142,7 @@ class SpeculativeDecoder:
                 break
         out.tokens = out.tokens[:max_new_tokens]
         stats.new_tokens = len(out.tokens)
-        stats.total_s = time.perf_counter() - start
+        stats.total_s = now(device) - start
         return out
 
     @staticmethod
@@ -170,15 +171,17 @@ class SpeculativeDecoder:
         return 0, int(accepted[0]), int(token[0])
 
 
-def _block(gamma: int, kept: int, accepted: int, draft: torch.Tensor, logits: torch.Tensor) -> Block:
-    """A block's statistics: the rejected draft token's rank under the verifier, the verifier's mean entropy."""
+def _block(gamma: int, accepted: int, draft: torch.Tensor, logits: torch.Tensor, produced: int | None = None) -> Block:
+    """A block's statistics: the rejected draft token's rank under the verifier (None when nothing in play was
+    rejected), the verifier's mean entropy over the positions the block produced."""
     rank = None
     if accepted < gamma:
         row = logits[accepted]
         rank = int((row > row[draft[accepted]]).sum())
-    logp = logits[:kept + 1].log_softmax(-1)
+    produced = accepted + 1 if produced is None else produced
+    logp = logits[:max(1, produced)].log_softmax(-1)
     entropy = float(-(logp.exp() * logp).nan_to_num().sum(-1).mean())
-    return Block(gamma, kept, rank, entropy)
+    return Block(gamma, accepted, rank, entropy, produced)
 
 
 def _pad_vocab(probs: torch.Tensor, width: int) -> torch.Tensor:

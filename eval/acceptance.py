@@ -15,7 +15,6 @@ import argparse
 import itertools
 import json
 import platform
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,9 @@ from tqdm.auto import tqdm
 import align
 from align.config import SelectionConfig, build_recipe
 from align.errors import AlignError, run_cli
-from align.loading import infer_family, load_drafter_model, load_verifier_model, shared_vocab_size
+from align.loading import default_device, infer_family, load_drafter_model, load_verifier_model, shared_vocab_size
+from align.lossless import lossless_counts
+from align.metrics import now
 from align.drafter import Drafter
 from align.prompts import encode_prompt, read_prompt_file
 from align.selection import make_selection
@@ -69,8 +70,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=comma_list(int), default=[0], help="seeds; several give mean ± std")
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval)")
     p.add_argument("--save-outputs", action="store_true", help="write outputs.jsonl with every output's token ids")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="weights of both models (default: the exported drafter's recipe's verifier.dtype, else "
+                        "float32; in bfloat16 the lossless check tells near-ties from mismatches)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: the accelerator when present)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow the drafter's own modelling code (an exported drafter's recipe may already say so)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = p.parse_args(argv)
     return args
@@ -99,10 +104,14 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]
     baseline = args.baseline if args.baseline is not None else meta.get("base_drafter")
     if baseline is not None and baseline.lower() == "none":
         baseline = None
-    family = args.family or meta.get("family") or infer_family(ckpt, args.trust_remote_code)
     selection = SelectionConfig()
-    if (Path(ckpt) / "recipe.yaml").is_file():  # an exported drafter: its recipe's self-selection defaults
-        selection = build_recipe(yaml.safe_load((Path(ckpt) / "recipe.yaml").read_text())).selection
+    dtype = "float32"
+    if (Path(ckpt) / "recipe.yaml").is_file():  # an exported drafter: its recipe's self-selection defaults, and
+        recipe = build_recipe(yaml.safe_load((Path(ckpt) / "recipe.yaml").read_text()))
+        selection, dtype = recipe.selection, recipe.verifier.dtype
+        args.trust_remote_code = args.trust_remote_code or recipe.drafter.trust_remote_code  # its own modelling code
+    family = args.family or meta.get("family") or infer_family(ckpt, args.trust_remote_code)
+    args.dtype = args.dtype or dtype
     args.k = args.k or [selection.k]
     args.drafter_temperature = args.drafter_temperature or [selection.drafter_temperature]
     args.scorer = args.scorer or [selection.scorer]
@@ -121,26 +130,29 @@ def main(argv: list[str]) -> int:
     prompts = prompts[: args.limit]
     out = Path(args.out or Path(ckpt) / "eval")
 
-    verifier_model, tokenizer = load_verifier_model(verifier_path, args.dtype)
+    device = args.device or default_device()
+    verifier_model, tokenizer = load_verifier_model(verifier_path, args.dtype, device)
     eos = eos_ids(verifier_model, tokenizer)
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
 
     # the verifier alone, once per (temperature, seed): its speed, and its outputs for the lossless check
+    ar_generate(verifier_model, encoded[0], args.max_new_tokens, 0.0, eos)  # warm-up, untimed
     reference: dict[tuple[float, int], tuple[list[list[int]], float]] = {}
     for temperature, seed in itertools.product(args.temperature, args.seed):
-        start = time.perf_counter()
+        start = now(device)
         outputs = [ar_generate(verifier_model, ids, args.max_new_tokens, temperature, eos, seed)
                    for ids in tqdm(encoded, desc=f"verifier alone, temperature {temperature}", leave=False)]
-        reference[(temperature, seed)] = (outputs, time.perf_counter() - start)
+        reference[(temperature, seed)] = (outputs, now(device) - start)
 
     verifier = Verifier(verifier_model)
     results, saved = [], []
     drafters = [("aligned", ckpt)] + ([("baseline", baseline)] if baseline else [])
     for label, path in drafters:
-        model, drafter_tokenizer = load_drafter_model(path, family, args.dtype, args.trust_remote_code)
+        model, drafter_tokenizer = load_drafter_model(path, family, args.dtype, args.trust_remote_code, device)
         vocab = shared_vocab_size(drafter_tokenizer, tokenizer, path, verifier_path)
         drafter = Drafter(model, family, vocab, drafter_tokenizer.mask_token_id)
         decoder = SpeculativeDecoder(drafter, verifier, eos)
+        decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], args.steps[0])  # warm-up, untimed
         for setting in settings(args):
             runs = []
             for seed in args.seed:
@@ -163,8 +175,10 @@ def main(argv: list[str]) -> int:
                 summary.update(label=label, drafter=path, verifier=verifier_path, suite=suite, seed=seed, **setting)
                 summary["ar_tokens_per_s"] = sum(map(len, ar_outputs)) / ar_seconds
                 summary["speedup"] = summary["tokens_per_s"] / summary["ar_tokens_per_s"]
-                summary["lossless"] = (all(r.output_ids == o for r, o in zip(records, ar_outputs))
-                                       if setting["temperature"] == 0 else None)
+                summary["lossless"] = summary["lossless_counts"] = None
+                if setting["temperature"] == 0:  # token for token, or a near-tie of a low-precision verifier
+                    counts = lossless_counts(verifier_model, encoded, [r.output_ids for r in records], ar_outputs)
+                    summary.update(lossless=counts["mismatch"] == 0, lossless_counts=counts)
                 runs.append(summary)
                 if args.save_outputs:
                     saved += [{"id": r.id, "label": label, "gamma": setting["gamma"], "steps": setting["steps"],
@@ -175,7 +189,7 @@ def main(argv: list[str]) -> int:
         del drafter, decoder, model
 
     out.mkdir(parents=True, exist_ok=True)
-    document = {"environment": environment(args.dtype), "suite": suite, "n_prompts": len(prompts),
+    document = {"environment": environment(args.dtype, device), "suite": suite, "n_prompts": len(prompts),
                 "max_new_tokens": args.max_new_tokens, "results": results}
     (out / "acceptance.json").write_text(json.dumps(document, indent=1))
     if args.save_outputs:
@@ -203,10 +217,13 @@ def settings(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
-def environment(dtype: str) -> dict[str, Any]:
+def environment(dtype: str, device: str) -> dict[str, Any]:
     import transformers
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or 'x86_64'})"
+    if torch.device(device).type == "cuda":
+        device = torch.cuda.get_device_name(torch.device(device))
+    else:
+        device = f"cpu ({platform.processor() or 'x86_64'})"
     return {"device": device, "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "transformers": transformers.__version__, "align": align.__version__, "python": platform.python_version()}
 

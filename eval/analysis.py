@@ -43,7 +43,7 @@ def summarize(records: list[PromptRecord], gamma: int) -> dict[str, Any]:
     out["per_category"] = {c: _mean([b.accepted for b in bs]) for c, bs in sorted(by_category.items())}
     out["rejected_in_top5"] = {c: _mean([b.rejected_rank < 5 for b in bs if b.rejected_rank is not None])
                                for c, bs in sorted(by_category.items())}
-    out["verifier_entropy"] = {c: _weighted([(b.entropy, b.accepted + 1) for b in bs])
+    out["verifier_entropy"] = {c: _weighted([(b.entropy, b.produced) for b in bs])
                                for c, bs in sorted(by_category.items())}
     cats = [c for c in out["per_category"] if out["per_category"][c] is not None]
     out["entropy_acceptance_spearman"] = spearman([out["verifier_entropy"][c] for c in cats],
@@ -95,6 +95,8 @@ def combine_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if all("lossless" in r for r in runs):
         flags = [r["lossless"] for r in runs]
         out["lossless"] = None if any(f is None for f in flags) else all(flags)
+    if all(r.get("lossless_counts") for r in runs):
+        out["lossless_counts"] = {k: sum(r["lossless_counts"][k] for r in runs) for k in runs[0]["lossless_counts"]}
     return out
 
 

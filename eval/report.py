@@ -38,6 +38,9 @@ def summary_table(results: list[dict[str, Any]]) -> str:
              "verifier alone tokens/s | speedup | lossless |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (setting_name(r), r["label"] != "baseline")):
         lossless = {True: "yes", False: "NO", None: "n/a (sampling)"}[r["lossless"]]
+        counts = r.get("lossless_counts")
+        if counts and (counts["near_tie"] or counts["mismatch"]):  # bf16 and friends: say what kind of difference
+            lossless += f" ({counts['exact']} exact, {counts['near_tie']} near-tie, {counts['mismatch']} mismatch)"
         lines.append(f"| {setting_name(r)} | {r['label']} | {_pm(r, 'accepted_mean')} | {_pm(r, 'tau')} | "
                      f"{r['acceptance_rate']:.3f} | {r['expected_tau']:.2f} | {_pm(r, 'tokens_per_s', '{:.1f}')} | "
                      f"{r['ar_tokens_per_s']:.1f} | {_pm(r, 'speedup')} | {lossless} |")
