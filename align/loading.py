@@ -22,6 +22,15 @@ from align.zoo import resolve
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
+def default_device() -> str:
+    """The accelerator when there is one (this process's GPU under a launcher), else the CPU."""
+    import os
+
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return "cpu"
+
+
 def _config(path: str, role: str, trust_remote_code: bool = False) -> Any:
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -37,8 +46,8 @@ def load_tokenizer(path: str, role: str, trust_remote_code: bool = False) -> Any
         raise AlignError(f"cannot load the {role}'s tokenizer from '{path}' ({str(error).splitlines()[0]})") from None
 
 
-def load_verifier_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
-    """(causal LM, tokenizer) from ``path``."""
+def load_verifier_model(path: str, dtype: str = "float32", device: str | None = None) -> tuple[Any, Any]:
+    """(causal LM, tokenizer) from ``path``, on ``device`` (None: where ``from_pretrained`` puts it)."""
     path = resolve(path)
     config = _config(path, "verifier")
     try:
@@ -46,11 +55,14 @@ def load_verifier_model(path: str, dtype: str = "float32") -> tuple[Any, Any]:
     except ValueError as error:
         raise AlignError(f"the verifier '{path}' ({config.model_type}) is not a causal language model "
                          f"({str(error).splitlines()[0]})") from None
+    if device is not None:
+        model.to(device)
     return model.eval(), load_tokenizer(path, "verifier")
 
 
-def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """(diffusion model, tokenizer) from ``path``, refusing a model that is not of ``family``."""
+def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_remote_code: bool = False,
+                       device: str | None = None) -> tuple[Any, Any]:
+    """(diffusion model, tokenizer) from ``path`` on ``device``, refusing a model that is not of ``family``."""
     if family not in FAMILIES:
         raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join(FAMILIES)}")
     path = resolve(path)
@@ -75,6 +87,8 @@ def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_rem
     except ValueError as error:
         raise AlignError(f"the drafter '{path}' ({kind}) cannot be loaded as a {family} diffusion model "
                          f"({str(error).splitlines()[0]}); check drafter.path and drafter.family") from None
+    if device is not None:
+        model.to(device)
     return model.eval(), load_tokenizer(path, "drafter", trust_remote_code)
 
 
@@ -99,11 +113,12 @@ def shared_vocab_size(drafter_tokenizer: Any, verifier_tokenizer: Any, drafter_n
 
 def load_pair(drafter_path: str, verifier_path: str, family: str, dtype: str = "float32",
               trust_remote_code: bool = False, mask_token_id: int | None = None,
-              drafter_dtype: str | None = None) -> tuple[Drafter, Verifier, Any]:
-    """(Drafter, Verifier, tokenizer) ready for speculative decoding, with the vocabulary check done."""
-    verifier_model, tokenizer = load_verifier_model(verifier_path, dtype)
+              drafter_dtype: str | None = None, device: str | None = None) -> tuple[Drafter, Verifier, Any]:
+    """(Drafter, Verifier, tokenizer) on ``device`` (default: the accelerator when present), vocabulary checked."""
+    device = device or default_device()
+    verifier_model, tokenizer = load_verifier_model(verifier_path, dtype, device)
     drafter_model, drafter_tokenizer = load_drafter_model(drafter_path, family, drafter_dtype or dtype,
-                                                          trust_remote_code)
+                                                          trust_remote_code, device)
     vocab = shared_vocab_size(drafter_tokenizer, tokenizer, drafter_path, verifier_path)
     rows = drafter_model.get_output_embeddings().weight.shape[0] if drafter_model.get_output_embeddings() is not None else vocab
     if rows < vocab:

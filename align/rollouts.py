@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from align.config import Recipe, load_recipe
 from align.errors import AlignError, run_cli
 from align.prompts import encode_prompt, load_prompts
+from align.verifier import plain_generation, sampling_config
 from align.zoo import cache_dir, resolve
 
 CHUNKS, DATASET, META = "chunks", "dataset", "meta.json"
@@ -153,13 +154,15 @@ def _merge(out: Path, count: int, meta: dict) -> None:
 
 
 class HFBackend:
-    """Batched ``generate`` with left padding (the embedded default)."""
+    """Batched ``generate`` with left padding, on the accelerator when present; sampling exactly as the recipe says
+    (nothing from the verifier's own generation config)."""
 
     def __init__(self, recipe: Recipe):
-        from align.loading import load_verifier_model
+        from align.loading import default_device, load_verifier_model
         from align.verifier import eos_ids
 
-        self.model, self.tokenizer = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype)
+        self.model, self.tokenizer = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype,
+                                                         default_device())
         self.eos = eos_ids(self.model, self.tokenizer)
         self.data = recipe.data
 
@@ -171,11 +174,10 @@ class HFBackend:
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         torch.manual_seed(seed)
-        sampling = d.temperature > 0
-        gen = self.model.generate(
-            ids.to(self.model.device), attention_mask=mask.to(self.model.device), max_new_tokens=d.max_new_tokens,
-            do_sample=sampling, temperature=d.temperature if sampling else None, top_p=d.top_p if sampling else None,
-            top_k=0 if sampling else None, num_return_sequences=d.n, eos_token_id=self.eos, pad_token_id=pad)
+        config = sampling_config(d.max_new_tokens, d.temperature, d.top_p, self.eos, pad, d.n)
+        with plain_generation(self.model):
+            gen = self.model.generate(ids.to(self.model.device), attention_mask=mask.to(self.model.device),
+                                      generation_config=config)
         rows = [_cut(r, self.eos) for r in gen[:, width:].tolist()]
         return [rows[i * d.n:(i + 1) * d.n] for i in range(len(prompts))]
 

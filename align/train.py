@@ -34,11 +34,13 @@ from align.distill.backend import Engine, list_checkpoints
 from align.distill.losses import LOSSES, NEEDS_TEACHER, ce_loss
 from align.distill.windows import make_windows, window_index
 from align.errors import AlignError, run_cli
-from align.export import export_checkpoint, lora_model
-from align.loading import load_drafter_model, load_verifier_model
+from align.distill.lora import add_lora
+from align.export import export_checkpoint
+from align.loading import load_drafter_model, load_tokenizer, load_verifier_model, shared_vocab_size
 from align.metrics import expected_streak
 from align.rollouts import generate_rollouts, rollout_meta
 from align.drafter import FAMILIES
+from align.zoo import resolve
 
 # keys that may change between a run and its resumption; everything else must match
 RESUMABLE = {"train": {"max_steps", "save_every", "eval_every", "eval_windows", "keep_checkpoints"}, "log": "*"}
@@ -62,9 +64,16 @@ def main(argv: list[str]) -> int:
     check_run_folder(out, recipe)
 
     # ----------------------------------------------------------------------------------------- rollouts -> windows
+    d = recipe.drafter
+    drafter_tokenizer = load_tokenizer(resolve(d.path), "drafter", d.trust_remote_code)
+    verifier_tokenizer = load_tokenizer(resolve(recipe.verifier.path), "verifier")
+    vocab = shared_vocab_size(drafter_tokenizer, verifier_tokenizer, d.path, recipe.verifier.path)  # what decoding drafts
     rollouts = generate_rollouts(recipe, rank, world, barrier=barrier, progress=lead)
-    lengths = [len(r) for r in rollouts["response_ids"]]
-    rows = rollouts.select_columns(["prompt_id", "prompt_ids", "response_ids"]).to_list()
+    rows, cut = within_vocab(rollouts.select_columns(["prompt_id", "prompt_ids", "response_ids"]).to_list(), vocab)
+    lengths = [len(r["response_ids"]) for r in rows]
+    if cut and lead:
+        print(f"{cut} rollouts hold tokens past the shared vocabulary of {vocab} (verifier logit rows no tokenizer "
+              "names, which the drafter cannot propose): each is cut before its first such token", flush=True)
     held = heldout_rows(rows, recipe.data.heldout_fraction)
     heldout = [i for i in range(len(rows)) if held[i]]
     train_rows = [i for i in range(len(rows)) if not held[i]]
@@ -82,17 +91,16 @@ def main(argv: list[str]) -> int:
               f"(gamma {gamma})", flush=True)
 
     # ----------------------------------------------------------------------------------------- models
-    d = recipe.drafter
     zero3 = Engine.prepare(recipe, world)  # ZeRO-3: parameters are sharded while the model loads
     weights_dtype = "bfloat16" if recipe.deepspeed.bf16 else "float32"
     model, tokenizer = load_drafter_model(d.path, d.family, weights_dtype, d.trust_remote_code)
     mask_id = d.mask_token_id if d.mask_token_id is not None else tokenizer.mask_token_id
-    vocab = len(tokenizer)
     if FAMILIES[d.family].masked and mask_id is None:
         raise AlignError(f"the {d.family} drafter needs a mask token: its tokenizer has none; set drafter.mask_token_id")
     if recipe.lora.r:
         torch.manual_seed(recipe.run.seed)
-        model = lora_model(model, recipe)
+        lora = recipe.lora
+        model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
     if lead:  # the inputs are good: from here on the folder holds this recipe's run
         out.mkdir(parents=True, exist_ok=True)
         save_recipe(recipe, out / "recipe.yaml")
@@ -198,7 +206,7 @@ def main(argv: list[str]) -> int:
     # ----------------------------------------------------------------------------------------- export
     barrier()
     if lead:
-        final = export_checkpoint(list_checkpoints(checkpoints)[-1], out / "final")
+        final = export_checkpoint(list_checkpoints(checkpoints)[-1], out / "final", weights_dtype)
         before, after = state["heldout"]["before"], state["heldout"].get("after", state["heldout"]["before"])
         print(f"held-out E[streak] {before['expected_streak']:.3f} -> {after['expected_streak']:.3f}, greedy streak "
               f"{before['greedy_streak']:.3f} -> {after['greedy_streak']:.3f}; aligned drafter in {final}", flush=True)
@@ -209,6 +217,18 @@ def main(argv: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
+
+def within_vocab(rows: list[dict], vocab: int) -> tuple[list[dict], int]:
+    """Rollouts cut before their first token id >= ``vocab`` (one the drafter's distribution cannot hold); returns
+    the rows and how many were cut. Random-weight verifiers emit such ids; trained ones practically never do."""
+    cut = 0
+    for row in rows:
+        stop = next((i for i, t in enumerate(row["response_ids"]) if t >= vocab), None)
+        if stop is not None:
+            row["response_ids"] = row["response_ids"][:stop]
+            cut += 1
+    return rows, cut
 
 
 def heldout_rows(rows: list[dict], fraction: float) -> list[bool]:

@@ -9,6 +9,7 @@ rolls the cache back to what was accepted.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -112,19 +113,45 @@ class Verifier:
         self.pending = drafts[index, :accepted].tolist() + [next_token]
 
 
+def sampling_config(max_new_tokens: int, temperature: float, top_p: float, eos: list[int] | int | None,
+                    pad: int | None, n: int = 1) -> "GenerationConfig":
+    """Every logits processor ``generate`` would apply, set explicitly: greedy at temperature 0, else plain
+    temperature (and nucleus) sampling — no repetition penalty, no n-gram ban, no top-k."""
+    from transformers import GenerationConfig
+
+    sampling = temperature > 0
+    return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling, temperature=temperature or 1.0,
+                            top_k=0 if sampling else None, top_p=top_p if sampling else 1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
+                            num_return_sequences=n, eos_token_id=eos, pad_token_id=pad)
+
+
+@contextmanager
+def plain_generation(model: Any):
+    """Set aside the model's own ``generation_config`` while ``generate`` runs: transformers fills every field the
+    caller left unset from it (Qwen2.5-Instruct ships repetition_penalty 1.05, top_k 20, top_p 0.8), so the
+    verifier alone would not be the distribution speculative decoding reproduces."""
+    from transformers import GenerationConfig
+
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(bos_token_id=saved.bos_token_id, eos_token_id=saved.eos_token_id,
+                                               pad_token_id=saved.pad_token_id)
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
 @torch.no_grad()
 def ar_generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
                 eos_token_ids: list[int] | int | None = None, seed: int = 0) -> list[int]:
-    """The verifier alone (``generate``): greedy at temperature 0, else plain temperature sampling."""
-    from transformers import GenerationConfig
-
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                              temperature=temperature if temperature > 0 else None, top_k=0 if temperature > 0 else None,
-                              top_p=1.0 if temperature > 0 else None, eos_token_id=eos_token_ids,
-                              pad_token_id=model.generation_config.pad_token_id)
+    """The verifier alone (``generate``): greedy at temperature 0, else plain temperature sampling, with nothing
+    taken from the model's own generation config."""
+    pad = model.generation_config.pad_token_id
+    config = sampling_config(max_new_tokens, temperature, 1.0, eos_token_ids, pad)
     torch.manual_seed(seed)
     ids = torch.tensor([prompt], device=next(model.parameters()).device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    with plain_generation(model):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
     return out[0, len(prompt):].tolist()
 
 

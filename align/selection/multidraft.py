@@ -25,7 +25,7 @@ def multidraft_accept(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
         token = None
         for c in alive:
             x = int(drafts[c, j])
-            if float(torch.rand((), generator=generator)) * float(q[j, x]) <= float(residual[x]):
+            if float(torch.rand((), generator=generator, device=q.device)) * float(q[j, x]) <= float(residual[x]):
                 token = x
                 break
             residual = (residual - q[j]).clamp(min=0)

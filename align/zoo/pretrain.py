@@ -98,8 +98,8 @@ def drafter_batch(batch: list[Doc], family: str, rng: random.Random, mask_token_
         prefix_mask[row, width - t:] = 1
         target = ids[t:t + gamma]
         labels[row, :len(target)] = torch.tensor(target)
-    rate = torch.rand((len(batch), 1), generator=generator) if denoising else 1.0
-    noise = torch.rand(labels.shape, generator=generator)
+    rate = torch.rand((len(batch), 1), generator=generator, device=generator.device) if denoising else 1.0
+    noise = torch.rand(labels.shape, generator=generator, device=generator.device)
     canvas = canvas_for(FAMILIES[family], labels, noise, rate, mask_token_id, vocab_size, generator)
     if FAMILIES[family].masked:  # the loss is on what was masked
         labels = labels.masked_fill(canvas != mask_token_id, -100)
