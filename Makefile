@@ -13,7 +13,7 @@ ifeq ($(HAS_GPU),)
 export DS_ACCELERATOR := cpu
 endif
 
-.PHONY: install demo test vllm-env zoo clean
+.PHONY: install demo test vllm-env zoo rehearse gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ demo: install
 	$(PY) -m align.zoo build tiny-verifier tiny-diffusiongemma
 	$(PY) align/train.py recipes/tiny.yaml
 	$(PY) -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld --gamma 16 --out runs/tiny/eval
+
+# the GPU recipes end to end on random-weight replicas of their models, shrunk to run here (bench/rehearse.py)
+rehearse: install vllm-env
+	$(PY) bench/rehearse.py --vllm
 
 test: install vllm-env
 	$(PY) -m pytest -q -n 2 tests

@@ -37,7 +37,11 @@ def overrides(model_dirs, prompts, out, family="diffusiongemma", **extra) -> lis
 def run_main(args: list[str]) -> int:
     from align.train import main
 
-    return main(["recipes/tiny.yaml", *args])
+    threads = torch.get_num_threads()  # the trainer sizes its threads for the machine; this worker shares it
+    try:
+        return main(["recipes/tiny.yaml", *args])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run_cli(args: list[str], launcher: list[str] | None = None, **kwargs) -> subprocess.Popen:
