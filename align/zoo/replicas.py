@@ -36,12 +36,15 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
-#: scale -> the shrunk sizes (the real ones are in the module docstring)
+#: scale -> pair -> the shrunk sizes (the real ones are in the module docstring). Head sizes stay real (Gemma 4:
+#: 256, 512 on full layers; Qwen2.5: 128, which vLLM derives as hidden / heads): kernels are chosen by them.
 SCALES = {
-    "cpu": {"hidden": 64, "layers": 6, "heads": 4, "kv": 2, "head_dim": 16, "experts": 8, "top_k": 2, "expert": 32,
-            "sliding": 32, "qwen_layers": 4},
-    "gpu": {"hidden": 1024, "layers": 12, "heads": 8, "kv": 4, "head_dim": 128, "experts": 32, "top_k": 4,
-            "expert": 512, "sliding": 1024, "qwen_layers": 24},
+    "cpu": {"gemma": {"hidden": 64, "layers": 6, "heads": 4, "kv": 2, "experts": 8, "top_k": 2, "expert": 32,
+                      "sliding": 32},
+            "qwen": {"hidden": 256, "layers": 4, "heads": 2, "kv": 1}},
+    "gpu": {"gemma": {"hidden": 1024, "layers": 12, "heads": 8, "kv": 4, "experts": 32, "top_k": 4, "expert": 512,
+                      "sliding": 1024},
+            "qwen": {"hidden": 1536, "layers": 24, "heads": 12, "kv": 2}},
 }
 
 #: zoo name -> (pair, role)
@@ -130,7 +133,7 @@ def gemma_text(s: dict) -> dict:
     return dict(
         vocab_size=262_144, hidden_size=s["hidden"], intermediate_size=3 * s["hidden"] // 4,
         num_hidden_layers=layers, num_attention_heads=s["heads"], num_key_value_heads=s["kv"],
-        head_dim=s["head_dim"], global_head_dim=2 * s["head_dim"], num_global_key_value_heads=max(1, s["kv"] // 4),
+        head_dim=256, global_head_dim=512, num_global_key_value_heads=max(1, s["kv"] // 4),
         attention_k_eq_v=True, sliding_window=s["sliding"], max_position_embeddings=262_144,
         layer_types=["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention"
                      for i in range(layers)],
@@ -172,9 +175,9 @@ def diffusiongemma_drafter(s: dict) -> torch.nn.Module:
 def qwen_config(s: dict) -> dict:
     hidden = s["hidden"]
     return dict(vocab_size=152_064, hidden_size=hidden, intermediate_size=hidden * 37 // 7,
-                num_hidden_layers=s["qwen_layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv"],
+                num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv"],
                 max_position_embeddings=32_768, rope_theta=1_000_000.0, rms_norm_eps=1e-6, sliding_window=131_072,
-                use_sliding_window=False, max_window_layers=s["qwen_layers"], tie_word_embeddings=False,
+                use_sliding_window=False, max_window_layers=s["layers"], tie_word_embeddings=False,
                 bos_token_id=151643, eos_token_id=151645)
 
 
@@ -199,7 +202,7 @@ def dream_drafter(s: dict) -> torch.nn.Module:
 def build_replica(name: str, base_tokenizer: Any, out: Path, scale: str = "cpu", seed: int = 0) -> dict[str, Any]:
     """Build zoo model ``name`` (a key of REPLICAS) with random weights into ``out``; returns its zoo.json fields."""
     pair, role = REPLICAS[name]
-    s = SCALES[scale]
+    s = SCALES[scale][pair]
     torch.manual_seed(seed)
     if pair == "gemma":
         model = gemma4_verifier(s) if role == "verifier" else diffusiongemma_drafter(s)
