@@ -137,8 +137,9 @@ def main() -> int:
             print(f"   {stage}: {seconds:.0f} s, peak {peak:.2f} GiB, {text}", flush=True)
             rows.append((recipe, stage, seconds, peak, text))
             if code and "optional" in stage:  # say why in one line, and go on
-                why = [l.split("] ")[-1] for l in log.read_text(errors="replace").splitlines()
-                       if "Error:" in l or l.startswith("error:")]
+                lines = log.read_text(errors="replace").splitlines()
+                why = [l.split("] ")[-1] for kind in ("ModuleNotFoundError", "RuntimeError", "ImportError", "Error:")
+                       for l in lines if kind in l]
                 rows[-1] = rows[-1][:4] + (f"not run: {(why or ['see ' + str(log)])[0].strip()[:160]}",)
             elif code:
                 failed = True
