@@ -83,7 +83,8 @@ def train_throughput(pair: str, zero: int, lora: bool, args) -> tuple[float, flo
 
 
 def pass_latency(drafter, verifier, prompt: list[int], gamma: int, k: int, repeats: int) -> tuple[float, float]:
-    """(drafter pass ms, verifier pass ms) for one block of γ draft tokens and K candidates, mean of ``repeats``."""
+    """(drafter pass ms, verifier pass ms) for one block of γ draft tokens and K candidates after a cached prompt,
+    mean of ``repeats`` after a warm-up round."""
     import torch
 
     from align.metrics import now
@@ -92,8 +93,8 @@ def pass_latency(drafter, verifier, prompt: list[int], gamma: int, k: int, repea
     prefix = torch.tensor([prompt], device=device)
     generator = torch.Generator(device=device).manual_seed(0)
     times = []
+    drafter.reset()  # the first round encodes the prompt; later rounds find it cached, as decoding does
     for i in range(repeats + 1):
-        drafter.reset()
         t0 = now(device)
         logq = drafter.marginals(prefix, gamma, 1, 0.0, generator)[0]
         drafts = torch.multinomial(logq.exp(), k, replacement=True, generator=generator).T  # (K, γ)
