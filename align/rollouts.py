@@ -1,6 +1,6 @@
 """Verifier rollouts: continuations of the recipe's prompts sampled from the verifier, stored with ``datasets``.
 
-    python -m align.rollouts recipes/tiny.yaml [section.key=value ...] [--shard I/N]
+    python -m align.rollouts recipes/tiny.yaml [section.key=value ...] [--shard I/N] [--device cuda:1]
 
 Prompts are cut into chunks of ``data.batch_size``; each chunk is generated (``hf``: transformers batched
 ``generate``; ``vllm``: ``LLM.generate``), saved as its own dataset under ``chunks/`` and renamed into place when
@@ -87,8 +87,10 @@ def _check_meta(out: Path, meta: dict[str, Any]) -> None:
                              f"{meta[diff]!r}); choose another data.rollouts_dir or delete that folder")
 
 
-def generate_rollouts(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=None, progress: bool = True):
-    """Make (or finish) the rollouts of ``recipe``; returns the merged dataset when all shards are done."""
+def generate_rollouts(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=None, progress: bool = True,
+                      device: str | None = None):
+    """Make (or finish) the rollouts of ``recipe``; returns the merged dataset when all shards are done. The hf
+    backend runs on ``device`` (default: the accelerator when present)."""
     out = rollouts_dir(recipe)
     meta = rollout_meta(recipe)
     if is_complete(out):
@@ -102,7 +104,7 @@ def generate_rollouts(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=N
     chunks = [list(range(i, min(len(prompts), i + size))) for i in range(0, len(prompts), size)]
     todo = [i for i in range(len(chunks)) if i % shards == shard and not (out / CHUNKS / f"{i:05d}").is_dir()]
     if todo:
-        backend = make_backend(recipe)
+        backend = make_backend(recipe, device)
         tokenizer = backend.tokenizer
         for i in tqdm(todo, desc=f"rollouts (shard {shard}/{shards})", disable=not progress, dynamic_ncols=True):
             ids = [encode_prompt(tokenizer, prompts[j]["prompt"]) for j in chunks[i]]
@@ -157,12 +159,12 @@ class HFBackend:
     """Batched ``generate`` with left padding, on the accelerator when present; sampling exactly as the recipe says
     (nothing from the verifier's own generation config)."""
 
-    def __init__(self, recipe: Recipe):
+    def __init__(self, recipe: Recipe, device: str | None = None):
         from align.loading import default_device, load_verifier_model
         from align.verifier import eos_ids
 
         self.model, self.tokenizer = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype,
-                                                         default_device())
+                                                         device or default_device())
         self.eos = eos_ids(self.model, self.tokenizer)
         self.data = recipe.data
 
@@ -196,7 +198,8 @@ class VLLMBackend:
         path = resolve(recipe.verifier.path)
         self.tokenizer = load_tokenizer(path, "verifier")
         extra = {} if torch.cuda.is_available() else {"enforce_eager": True, "kv_cache_memory_bytes": 1 << 28}
-        self.llm = LLM(model=path, dtype=recipe.verifier.dtype, seed=recipe.run.seed,
+        # generation_config="vllm": nothing from the model's generation_config.json (the SamplingParams below say all)
+        self.llm = LLM(model=path, dtype=recipe.verifier.dtype, seed=recipe.run.seed, generation_config="vllm",
                        max_model_len=min(4096, _context(path)), **extra)
         from transformers import GenerationConfig
 
@@ -235,8 +238,10 @@ def _cut(tokens: list[int], eos: list[int]) -> list[int]:
     return tokens
 
 
-def make_backend(recipe: Recipe):
-    return {"hf": HFBackend, "vllm": VLLMBackend}[recipe.data.backend](recipe)
+def make_backend(recipe: Recipe, device: str | None = None):
+    if recipe.data.backend == "vllm":  # vLLM places the model itself
+        return VLLMBackend(recipe)
+    return HFBackend(recipe, device)
 
 
 def main(argv: list[str]) -> int:
@@ -244,6 +249,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("recipe", help="recipe YAML")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
     parser.add_argument("--shard", default="0/1", help="I/N: this process makes every N-th chunk starting at I")
+    parser.add_argument("--device", default=None, help="hf backend: cpu, cuda, cuda:N (default: the accelerator when "
+                        "present)")
     args = parser.parse_args(argv)
     try:
         shard, shards = (int(x) for x in args.shard.split("/"))
@@ -251,7 +258,7 @@ def main(argv: list[str]) -> int:
     except (ValueError, AssertionError):
         raise AlignError(f"--shard must be I/N with 0 <= I < N, got {args.shard}") from None
     recipe = load_recipe(args.recipe, args.overrides)
-    dataset = generate_rollouts(recipe, shard, shards)
+    dataset = generate_rollouts(recipe, shard, shards, device=args.device)
     if dataset is not None:
         lengths = [len(r) for r in dataset["response_ids"]]
         print(f"{len(dataset)} rollouts ({sum(lengths)} tokens, mean {sum(lengths) / len(lengths):.1f}) in "
