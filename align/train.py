@@ -36,7 +36,7 @@ from align.distill.windows import make_windows, window_index
 from align.errors import AlignError, run_cli
 from align.distill.lora import add_lora
 from align.export import export_checkpoint
-from align.loading import load_drafter_model, load_tokenizer, load_verifier_model, shared_vocab_size
+from align.loading import default_device, load_drafter_model, load_tokenizer, load_verifier_model, shared_vocab_size
 from align.metrics import expected_streak
 from align.rollouts import generate_rollouts, rollout_meta
 from align.drafter import FAMILIES
@@ -91,6 +91,10 @@ def main(argv: list[str]) -> int:
               f"(gamma {gamma})", flush=True)
 
     # ----------------------------------------------------------------------------------------- models
+    teacher = None
+    if recipe.distill.objective in NEEDS_TEACHER:  # whole on every process, loaded before ZeRO-3 could partition it
+        teacher, _ = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype, default_device())
+        teacher.requires_grad_(False)
     zero3 = Engine.prepare(recipe, world)  # ZeRO-3: parameters are sharded while the model loads
     weights_dtype = "bfloat16" if recipe.deepspeed.bf16 else "float32"
     model, tokenizer = load_drafter_model(d.path, d.family, weights_dtype, d.trust_remote_code)
@@ -105,10 +109,6 @@ def main(argv: list[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         save_recipe(recipe, out / "recipe.yaml")
     engine = Engine(model, recipe, world)
-    teacher = None
-    if recipe.distill.objective in NEEDS_TEACHER:
-        teacher, _ = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype)
-        teacher.to(engine.device).requires_grad_(False)
     loss_fn, temperature = LOSSES[recipe.distill.objective], recipe.distill.temperature
 
     def batch_of(pairs: torch.Tensor):
