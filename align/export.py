@@ -22,7 +22,7 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 import align
 from align.config import build_recipe, save_recipe
 from align.distill.backend import full_state_dict
-from align.distill.lora import merge_lora
+from align.distill.lora import merge_lora, update_kept
 from align.errors import AlignError, run_cli
 from align.loading import DTYPES, load_drafter_model
 
@@ -36,13 +36,17 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
                          "trainer_state.json); pass a checkpoints/step-N folder")
     recipe = build_recipe(yaml.safe_load(recipe_file.read_text()))
     state = json.loads(state_file.read_text())
-    weights = full_state_dict(checkpoint)
+    weights = raw = full_state_dict(checkpoint)
     if recipe.lora.r:
-        weights = merge_lora(weights, recipe.lora.alpha, recipe.lora.r)
+        weights = merge_lora(raw, recipe.lora.alpha, recipe.lora.r)
     unset_hf_deepspeed_config()  # a ZeRO-3 run's partitioned loading must not apply to the model built here
     model, tokenizer = load_drafter_model(recipe.drafter.path, recipe.drafter.family, "float32",
                                           recipe.drafter.trust_remote_code)
     load_weights(model, weights, f"{checkpoint} does not match the drafter {recipe.drafter.path}")
+    if recipe.lora.r and dtype != "float32":
+        kept = update_kept(raw, weights, DTYPES[dtype])
+        print(f"note: rounded to {dtype}, the merged weights keep {kept:.0%} of the LoRA update "
+              "(export in float32 to keep all of it)", flush=True)
     model.to(DTYPES[dtype])
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)

@@ -206,7 +206,9 @@ def main(argv: list[str]) -> int:
     # ----------------------------------------------------------------------------------------- export
     barrier()
     if lead:
-        final = export_checkpoint(list_checkpoints(checkpoints)[-1], out / "final", weights_dtype)
+        # LoRA: float32, or updates below bf16's resolution at the base weights would round away in the merge
+        final = export_checkpoint(list_checkpoints(checkpoints)[-1], out / "final",
+                                  "float32" if recipe.lora.r else weights_dtype)
         before, after = state["heldout"]["before"], state["heldout"].get("after", state["heldout"]["before"])
         print(f"held-out E[streak] {before['expected_streak']:.3f} -> {after['expected_streak']:.3f}, greedy streak "
               f"{before['greedy_streak']:.3f} -> {after['greedy_streak']:.3f}; aligned drafter in {final}", flush=True)

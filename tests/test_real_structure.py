@@ -103,6 +103,22 @@ def test_merged_export_equals_the_trained_model(model_dirs, tmp_path):
         assert (trained - family.canvas_logits(fresh, prefix, mask, canvas)).abs().max() > 1e-2  # it did change
 
 
+def test_merge_keeps_updates_below_bf16_resolution():
+    """Before: merged weights went back to the base weights' dtype, so a bf16 base (ZeRO's frozen weights of a bf16
+    run) plus a small trained update rounded back to the base: the export had lost the training."""
+    from align.distill.lora import update_kept
+
+    w = torch.full((4, 8), 0.02).bfloat16()
+    a, b = torch.full((2, 8), 0.1), torch.full((4, 2), 2e-4)
+    state = {"base_model.model.x.base_layer.weight": w, "base_model.model.x.lora_A.default.weight": a,
+             "base_model.model.x.lora_B.default.weight": b}
+    merged = merge_lora(state, alpha=2, r=2)
+    assert merged["x.weight"].dtype == torch.float32
+    assert torch.allclose(merged["x.weight"], w.float() + b @ a, rtol=0, atol=1e-9)
+    assert update_kept(state, merged, torch.float32) == pytest.approx(1.0)
+    assert update_kept(state, merged, torch.bfloat16) < 0.5  # 4e-5 on 0.02: below bf16's resolution there
+
+
 def test_merge_lora_is_w_plus_scaled_ba():
     a, b, w = torch.randn(2, 5), torch.randn(3, 2), torch.randn(3, 5)
     state = {"base_model.model.x.base_layer.weight": w, "base_model.model.x.lora_A.default.weight": a,

@@ -61,7 +61,9 @@ def merge_lora(state: dict[str, torch.Tensor], alpha: int, r: int) -> dict[str, 
 
         W = W₀ + (α / r) · B · A      for each adapted module (A: r × in, B: out × r)
 
-    PEFT's names (``base_model.model.…``, ``….base_layer.weight``) become the base model's own.
+    PEFT's names (``base_model.model.…``, ``….base_layer.weight``) become the base model's own. Merged weights are
+    float32 whatever W₀'s dtype: LoRA updates are often below bfloat16's resolution at W₀'s magnitude (a bf16 W₀
+    plus a 1e-4 update rounds back to W₀), so rounding after the merge would silently drop the training.
     """
     merged: dict[str, torch.Tensor] = {}
     for key, value in state.items():
@@ -74,5 +76,18 @@ def merge_lora(state: dict[str, torch.Tensor], alpha: int, r: int) -> dict[str, 
         b = state[f"{prefix}.lora_B.{rest}"]
         weight = prefix.removeprefix("base_model.model.") + ".weight"
         delta = (alpha / r) * (b.double() @ a.double())
-        merged[weight] = (merged[weight].double() + delta).to(merged[weight].dtype)
+        merged[weight] = (merged[weight].double() + delta).float()
     return merged
+
+
+def update_kept(state: dict[str, torch.Tensor], merged: dict[str, torch.Tensor], dtype: torch.dtype) -> float:
+    """How much of the LoRA update survives rounding the merged weights to ``dtype``:
+    1 − ‖round(W₀ + ΔW) − (W₀ + ΔW)‖ / ‖ΔW‖ over all adapted weights (1: all of it; ≤ 0: none)."""
+    error = update = 0.0
+    for key in state:
+        if key.endswith(".base_layer.weight"):
+            name = key.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            exact = merged[name].double()
+            error += float((exact.to(dtype).double() - exact).square().sum())
+            update += float((exact - state[key].double()).square().sum())
+    return 1.0 - (error / update) ** 0.5 if update else 1.0
