@@ -116,15 +116,21 @@ def result(kind: str, recipe: str, out: Path, log: Path) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipes", default="gemma,qwen-diffucoder", help="comma list of recipes/NAME.yaml")
-    p.add_argument("--out", default="runs/rehearse", help="output folder (replaced)")
+    p.add_argument("--out", default="runs/rehearse", help="output folder (an earlier rehearsal there is replaced)")
     p.add_argument("--vllm", action="store_true", help="also make the rollouts with vLLM from .venv-vllm")
     args = p.parse_args()
+    unknown = [r for r in args.recipes.split(",") if r not in PAIRS]
+    if unknown:
+        p.error(f"no replicas for recipes/{unknown[0]}.yaml; rehearsable recipes: {', '.join(PAIRS)}")
     out = (ROOT / args.out).resolve()
-    if out.exists():
+    if out.exists():  # only an earlier rehearsal is replaced; anything else is left alone
+        if not (out / ".rehearsal").is_file():
+            p.error(f"--out {out} exists and holds no earlier rehearsal; choose another folder")
         import shutil
 
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    (out / ".rehearsal").touch()
     ENV["ALIGN_CACHE"] = str(out / "cache")  # from nothing: tiny world, tokenizer and replicas are built here
     rows, failed = [], False
     for recipe in args.recipes.split(","):
