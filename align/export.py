@@ -3,8 +3,8 @@
     python -m align.export runs/tiny/checkpoints/step-200 runs/tiny/step-200-export
 
 The output holds the config, safetensors weights (ZeRO shards consolidated, LoRA merged, in ``--dtype``), tokenizer
-and generation config of the base drafter, plus ``recipe.yaml`` (the resolved recipe) and ``meta.json`` (base drafter, family,
-verifier, objective, steps, data fingerprint, held-out E[streak] before and after).
+and generation config of the base drafter, plus ``recipe.yaml`` (the resolved recipe) and ``meta.json`` (base
+drafter, family, verifier, objective, steps, data fingerprint, held-out E[streak] before and after).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Words (see the README): per block, ``accepted`` is the number of draft tokens th
 accepted EOS ends the text (no verifier token follows it); both are pooled over blocks (sum over blocks / number of
 blocks), never averaged per request. Blocks with no room for a draft (γ = 0, the last token before the length
 limit) are verifier calls for τ and speed, but offer nothing to accept: ``accepted_mean``, the acceptance rate and
-α_j count only blocks that drafted. ``alpha_j`` is the acceptance rate at
-block position j among blocks that reached position j.
+α_j count only blocks that drafted. ``alpha_j`` is the acceptance rate at block position j among blocks that
+reached position j.
 """
 
 from __future__ import annotations

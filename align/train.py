@@ -97,8 +97,8 @@ def main(argv: list[str]) -> int:
         teacher.requires_grad_(False)
     zero3 = Engine.prepare(recipe, world)  # ZeRO-3: parameters are sharded while the model loads
     weights_dtype = "bfloat16" if recipe.deepspeed.bf16 else "float32"
-    model, tokenizer = load_drafter_model(d.path, d.family, weights_dtype, d.trust_remote_code)
-    mask_id = d.mask_token_id if d.mask_token_id is not None else tokenizer.mask_token_id
+    model, _ = load_drafter_model(d.path, d.family, weights_dtype, d.trust_remote_code)
+    mask_id = d.mask_token_id if d.mask_token_id is not None else drafter_tokenizer.mask_token_id
     if FAMILIES[d.family].masked and mask_id is None:
         raise AlignError(f"the {d.family} drafter needs a mask token: its tokenizer has none; set drafter.mask_token_id")
     if recipe.lora.r:

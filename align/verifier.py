@@ -121,8 +121,8 @@ def sampling_config(max_new_tokens: int, temperature: float, top_p: float, eos: 
 
     sampling = temperature > 0
     return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling, temperature=temperature or 1.0,
-                            top_k=0 if sampling else None, top_p=top_p if sampling else 1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
-                            num_return_sequences=n, eos_token_id=eos, pad_token_id=pad)
+                            top_k=0 if sampling else None, top_p=top_p if sampling else 1.0, repetition_penalty=1.0,
+                            no_repeat_ngram_size=0, num_return_sequences=n, eos_token_id=eos, pad_token_id=pad)
 
 
 @contextmanager

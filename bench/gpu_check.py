@@ -156,14 +156,15 @@ def main() -> int:
     prompts = [encode_prompt(tokenizer, r["prompt"]) for r in read_jsonl(world_dir() / "test_prompts.jsonl")]
     prompts = prompts[:args.prompts]
     print("\n| γ | K | drafter pass (ms) | verifier pass (ms) |\n|---|---|---|---|", flush=True)
-    for gamma in map(int, args.gammas.split(",")):
+    gammas = [int(g) for g in args.gammas.split(",")]
+    for gamma in gammas:
         for k in map(int, args.ks.split(",")):
             d_ms, v_ms = pass_latency(drafter, verifier, prompts[0], gamma, k, repeats=5)
             print(f"| {gamma} | {k} | {d_ms:.2f} | {v_ms:.2f} |", flush=True)
 
     eos = eos_ids(verifier.model, tokenizer)
     decoder = SpeculativeDecoder(drafter, verifier, eos)
-    gamma = int(args.gammas.split(",")[len(args.gammas.split(",")) // 2])
+    gamma = gammas[len(gammas) // 2]
     decoder.generate(prompts[0], args.max_new_tokens, gamma)  # warm-up of both
     ar_generate(verifier.model, prompts[0], args.max_new_tokens, 0.0, eos)
     tokens, spec_s, accepted, blocks = 0, 0.0, 0, 0

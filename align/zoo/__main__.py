@@ -20,10 +20,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m align.zoo", description="Build and inspect the tiny zoo.")
     sub = parser.add_subparsers(dest="command", required=True)
     build_cmd = sub.add_parser("build", help="build missing zoo models")
-    build_cmd.add_argument("names", nargs="*", help=f"models to build: {', '.join(MODELS)} (default: {', '.join(DEFAULT_BUILD)})")
+    build_cmd.add_argument("names", nargs="*",
+                           help=f"models to build: {', '.join(MODELS)} (default: {', '.join(DEFAULT_BUILD)})")
     build_cmd.add_argument("--force", action="store_true", help="rebuild even if built")
     build_cmd.add_argument("--scale", default="cpu", choices=("cpu", "gpu"),
-                           help="size of the replica-* models (cpu: a few M parameters plus the real vocabulary; gpu: ~1B)")
+                           help="size of the replica-* models (cpu: small, with the real vocabulary; gpu: ~1B)")
     sub.add_parser("report", help="measure the zoo on held-out prompts (writes report.json)")
     sub.add_parser("list", help="list zoo models")
     args = parser.parse_args(argv)

@@ -86,15 +86,11 @@ def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bo
             continue
         start = time.time()
         if name in REPLICAS:  # random weights: nothing to train
-            partial = model_dir(name).with_name(name + ".partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            meta = build_replica(name, tokenizer, partial, spec.replica_scale, spec.seed)
-            meta.update(name=name, description=MODELS[name], seconds=round(time.time() - start, 1))
-            (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
-            shutil.rmtree(model_dir(name), ignore_errors=True)
-            partial.rename(model_dir(name))
-            print(f"saved zoo:{name} ({meta['parameters'] / 1e6:.1f}M parameters, {meta['tokens']} tokens) into "
-                  f"{model_dir(name)}", flush=True)
+            model, replica_tokenizer, code = build_replica(name, tokenizer, spec.replica_scale, spec.seed)
+            _save(name, model, replica_tokenizer, {
+                "name": name, "description": MODELS[name], "scale": spec.replica_scale,
+                "class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
+                "tokens": len(replica_tokenizer), "seconds": round(time.time() - start, 1)}, code)
             built.append(name)
             continue
         docs = docs or tokenized_docs(tokenizer)
@@ -120,14 +116,18 @@ def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bo
     return built
 
 
-def _save(name: str, model: torch.nn.Module, tokenizer, meta: dict) -> None:
+def _save(name: str, model: torch.nn.Module, tokenizer, meta: dict, code: list[Path] = ()) -> None:
+    """Save model, tokenizer, the model's own code files and zoo.json under a temporary name, then rename."""
     out = model_dir(name)
     partial = out.with_name(name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(str(partial))
     tokenizer.save_pretrained(str(partial))
+    for file in code:
+        shutil.copy(file, partial / file.name)
     (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
-    print(f"saved zoo:{name} ({meta['parameters'] / 1e6:.2f}M parameters, {meta['seconds']:.0f} s, "
-          f"loss {meta['loss_first']:.2f} -> {meta['loss_last']:.2f}) into {out}", flush=True)
+    trained = f", loss {meta['loss_first']:.2f} -> {meta['loss_last']:.2f}" if "loss_first" in meta else ""
+    print(f"saved zoo:{name} ({meta['parameters'] / 1e6:.2f}M parameters, {meta['seconds']:.0f} s{trained}) "
+          f"into {out}", flush=True)

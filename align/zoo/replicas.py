@@ -28,7 +28,6 @@ Sources of the real values (checked 2026-11):
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -199,8 +198,9 @@ def dream_drafter(s: dict) -> torch.nn.Module:
     return DreamModel(config)
 
 
-def build_replica(name: str, base_tokenizer: Any, out: Path, scale: str = "cpu", seed: int = 0) -> dict[str, Any]:
-    """Build zoo model ``name`` (a key of REPLICAS) with random weights into ``out``; returns its zoo.json fields."""
+def build_replica(name: str, base_tokenizer: Any, scale: str = "cpu", seed: int = 0) -> tuple[Any, Any, list[Path]]:
+    """(model with random weights, tokenizer, files of its own modelling code) of zoo model ``name`` (a key of
+    REPLICAS), built from the tiny world's BPE ``base_tokenizer``."""
     pair, role = REPLICAS[name]
     s = SCALES[scale][pair]
     torch.manual_seed(seed)
@@ -210,9 +210,5 @@ def build_replica(name: str, base_tokenizer: Any, out: Path, scale: str = "cpu",
     else:
         model = qwen_verifier(s) if role == "verifier" else dream_drafter(s)
         tokenizer = qwen_tokenizer(base_tokenizer, dream=role == "drafter")
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    if pair == "qwen" and role == "drafter":
-        shutil.copy(Path(__file__).with_name("dream.py"), out / "dream.py")
-    return {"scale": scale, "class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
-            "tokens": len(tokenizer)}
+    code = [Path(__file__).with_name("dream.py")] if pair == "qwen" and role == "drafter" else []
+    return model, tokenizer, code
