@@ -73,7 +73,11 @@ class DataConfig:
     top_p: float = option(1.0, "Rollout nucleus sampling mass.", min=0.0, max=1.0)
     max_new_tokens: int = option(160, "Longest rollout, in tokens.", min=1)
     batch_size: int = option(64, "Prompts per generation batch (hf backend).", min=1)
-    max_prefix_len: int = option(256, "Windows keep at most this many prefix tokens (cut from the left).", min=1)
+    max_prefix_len: int = option(256, "Windows keep at most this many prefix tokens (cut from the left; packed: "
+                                 "the prompt's).", min=1)
+    packing: str = option("auto", "Train every window of a rollout from one encoder pass (align/distill/packing.py); "
+                          "auto: on for diffusiongemma, whose encoder is causal, off for the bidirectional families.",
+                          choices=("auto", "on", "off"))
     heldout_fraction: float = option(0.05, "Fraction of prompts whose rollouts are held out for evaluation windows.",
                                      min=0.0, max=0.5)
 
@@ -301,6 +305,11 @@ def _describe(base: Any, meta: Any) -> str:
     return name + (" " + " and ".join(bounds) if bounds else "")
 
 
+def packing_on(recipe: Recipe) -> bool:
+    """Whether training packs windows (``data.packing``; auto: where it is exact, the diffusiongemma family)."""
+    return recipe.data.packing == "on" or (recipe.data.packing == "auto" and recipe.drafter.family == "diffusiongemma")
+
+
 def _check_recipe(recipe: Recipe) -> None:
     """Rules that involve more than one key."""
     t = recipe.train
@@ -314,5 +323,9 @@ def _check_recipe(recipe: Recipe) -> None:
     if recipe.drafter.family == "dream" and not recipe.drafter.trust_remote_code:
         raise RecipeError("recipe key drafter.trust_remote_code: Dream-style drafters ship their own modelling code; "
                           "set drafter.trust_remote_code: true")
+    if recipe.data.packing == "on" and recipe.drafter.family != "diffusiongemma":
+        raise RecipeError(f"recipe key data.packing: on needs a causal prefix encoder (diffusiongemma); the "
+                          f"{recipe.drafter.family} family re-reads its prefix bidirectionally, so windows cannot "
+                          "share it: set data.packing: auto (or off; distill.stride subsamples offsets)")
     if recipe.data.backend == "vllm" and recipe.data.top_p <= 0:
         raise RecipeError("recipe key data.top_p: got 0; expected a number > 0")

@@ -29,9 +29,10 @@ import torch.distributed as dist
 import yaml
 from tqdm.auto import tqdm
 
-from align.config import Recipe, build_recipe, load_recipe, save_recipe
+from align.config import Recipe, build_recipe, load_recipe, packing_on, save_recipe
 from align.distill.backend import Engine, list_checkpoints
 from align.distill.losses import LOSSES, NEEDS_TEACHER, ce_loss
+from align.distill.packing import make_packed, packed_logits, packed_teacher_logits
 from align.distill.windows import make_windows, window_index
 from align.errors import AlignError, run_cli
 from align.distill.lora import add_lora
@@ -87,8 +88,9 @@ def main(argv: list[str]) -> int:
     eval_pairs = eval_pairs[pick[: recipe.train.eval_windows]]
     data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs)}
     if lead:
-        print(f"{len(rows)} rollouts: {len(train_pairs)} training windows, {len(eval_pairs)} held-out windows "
-              f"(gamma {gamma})", flush=True)
+        how = "packed: each rollout's windows from one encoder pass" if packing_on(recipe) else "one pass per window"
+        print(f"{len(rows)} rollouts: {len(train_pairs)} training windows ({how}), {len(eval_pairs)} held-out "
+              f"windows (gamma {gamma})", flush=True)
 
     # ----------------------------------------------------------------------------------------- models
     teacher = None
@@ -111,11 +113,16 @@ def main(argv: list[str]) -> int:
     engine = Engine(model, recipe, world)
     loss_fn, temperature = LOSSES[recipe.distill.objective], recipe.distill.temperature
 
-    def batch_of(pairs: torch.Tensor):
-        return make_windows(rows, pairs, gamma, recipe.data.max_prefix_len, d.family, mask_id, vocab,
-                            recipe.run.seed).to(engine.device)
+    packed = packing_on(recipe)  # training windows share their rollout's encoder pass; evaluation stays per window
+
+    def batch_of(pairs: torch.Tensor, pack: bool = False):
+        make = make_packed if pack else make_windows
+        return make(rows, pairs, gamma, recipe.data.max_prefix_len, d.family, mask_id, vocab,
+                    recipe.run.seed).to(engine.device)
 
     def forward(batch):
+        if hasattr(batch, "slots"):
+            return packed_logits(engine.engine, batch)[..., :vocab]
         logits = FAMILIES[d.family].canvas_logits(engine.engine, batch.prefix, batch.prefix_mask, batch.canvas)
         return logits[..., :vocab]
 
@@ -160,7 +167,7 @@ def main(argv: list[str]) -> int:
     # ----------------------------------------------------------------------------------------- training loop
     t = recipe.train
     accumulation = engine.accumulation
-    order = WindowOrder(len(train_pairs), recipe.run.seed)
+    order = WindowOrder(len(train_pairs), recipe.run.seed, rollout_spans(train_pairs) if packed else None)
     bar = tqdm(total=t.max_steps, initial=state["step"], desc="train", disable=not lead, dynamic_ncols=True)
     engine.train(True)
     while state["step"] < t.max_steps:
@@ -172,11 +179,11 @@ def main(argv: list[str]) -> int:
         totals = torch.zeros(2, dtype=torch.float64)
         for micro in range(accumulation):
             lo = (micro * world + rank) * t.micro_batch_size
-            batch = batch_of(windows[lo:lo + t.micro_batch_size])
+            batch = batch_of(windows[lo:lo + t.micro_batch_size], pack=packed)
             logits = forward(batch)
             target = None
             if teacher is not None:
-                target = teacher_logits(teacher, batch, vocab)
+                target = (packed_teacher_logits if packed else teacher_logits)(teacher, batch, vocab)
             term = loss_fn(logits, batch.labels, temperature, target)
             loss = term.num / dens[0]
             if recipe.distill.ce_weight:
@@ -239,14 +246,24 @@ def heldout_rows(rows: list[dict], fraction: float) -> list[bool]:
 
 
 class WindowOrder:
-    """The data order: epoch e is a seeded permutation of all windows; step s takes the next global batch."""
+    """The data order: epoch e is a seeded permutation of all windows; step s takes the next global batch.
 
-    def __init__(self, count: int, seed: int):
-        self.count, self.seed, self.cache = count, seed, {}
+    With ``spans`` (packed training: (start, length) of each rollout's windows) epoch e permutes the rollouts and
+    keeps each rollout's windows together, so a micro-batch encodes few rollouts for many windows.
+    """
+
+    def __init__(self, count: int, seed: int, spans: list[tuple[int, int]] | None = None):
+        self.count, self.seed, self.spans, self.cache = count, seed, spans, {}
 
     def _epoch(self, epoch: int) -> torch.Tensor:
         if epoch not in self.cache:
-            self.cache = {epoch: torch.randperm(self.count, generator=torch.Generator().manual_seed(self.seed + epoch))}
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            if self.spans is None:
+                order = torch.randperm(self.count, generator=generator)
+            else:
+                order = torch.cat([torch.arange(start, start + length) for start, length in
+                                   (self.spans[i] for i in torch.randperm(len(self.spans), generator=generator))])
+            self.cache = {epoch: order}
         return self.cache[epoch]
 
     def take(self, start: int, size: int) -> torch.Tensor:
@@ -257,6 +274,13 @@ class WindowOrder:
             out.append(chunk)
             start, size = start + len(chunk), size - len(chunk)
         return torch.cat(out)
+
+
+def rollout_spans(pairs: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, length) of each rollout's run of windows in ``pairs`` (grouped by rollout, as window_index gives)."""
+    rows = pairs[:, 0].tolist()
+    starts = [i for i in range(len(rows)) if i == 0 or rows[i] != rows[i - 1]]
+    return [(start, end - start) for start, end in zip(starts, starts[1:] + [len(rows)])]
 
 
 def denominators(windows: torch.Tensor, lengths: list[int], gamma: int, recipe: Recipe) -> torch.Tensor:

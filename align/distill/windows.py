@@ -51,10 +51,13 @@ def make_windows(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int,
     for i, p in enumerate(prefixes):
         prefix[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         prefix_mask[i, width - len(p):] = 1
-    canvases = []
-    for i, (row, t) in enumerate(pairs.tolist()):
-        generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{row}/{t}".encode()))
-        empty = torch.full((1, gamma), -100, dtype=torch.long)
-        canvases.append(canvas_for(FAMILIES[family], empty, torch.zeros(1, gamma), 1.0, mask_token_id, vocab_size,
-                                   generator))
-    return WindowBatch(prefix, prefix_mask, torch.cat(canvases), labels)
+    canvases = [window_canvas(family, row, t, gamma, mask_token_id, vocab_size, seed) for row, t in pairs.tolist()]
+    return WindowBatch(prefix, prefix_mask, torch.stack(canvases), labels)
+
+
+def window_canvas(family: str, row: int, t: int, gamma: int, mask_token_id: int | None, vocab_size: int,
+                  seed: int) -> torch.Tensor:
+    """The canvas (γ,) of window (row, t): all [MASK], or uniform tokens from a generator seeded by the window."""
+    generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{row}/{t}".encode()))
+    empty = torch.full((1, gamma), -100, dtype=torch.long)
+    return canvas_for(FAMILIES[family], empty, torch.zeros(1, gamma), 1.0, mask_token_id, vocab_size, generator)[0]
