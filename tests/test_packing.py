@@ -117,3 +117,19 @@ def test_packing_refuses_a_drafter_without_an_encoder():
     batch = make_packed(rows, pairs, 4, 512, "mdlm", 3, VOCAB, 0)
     with pytest.raises(AlignError, match="data.packing"):
         packed_logits(tiny_drafter("mdlm"), batch)
+
+
+def test_packed_self_conditioning_equals_per_window():
+    model = sliding_drafter().eval()
+    rows, gamma = rollouts(seed=4), 4
+    pairs = window_index([len(r["response_ids"]) for r in rows], list(range(len(rows))))
+    args = (rows, pairs, gamma, 512, "diffusiongemma", None, VOCAB, 0)
+    windows, packed = make_windows(*args), make_packed(*args)
+    previous = torch.randn(len(pairs), gamma, VOCAB, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        per_window = FAMILIES["diffusiongemma"].canvas_logits(model, windows.prefix, windows.prefix_mask,
+                                                             windows.canvas, previous)
+        plain = packed_logits(model, packed)
+        conditioned = packed_logits(model, packed, previous)
+    assert (conditioned - per_window).abs().max() < 1e-5
+    assert (conditioned - plain).abs().max() > 1e-3

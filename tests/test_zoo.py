@@ -11,7 +11,7 @@ from align.errors import AlignError
 
 MINI = dict(docs_per_kind=20, test_per_kind=2, vocab_size=300, batch_size=4,
             verifier={"hidden": 32, "layers": 1, "heads": 2, "steps": 3},
-            drafters={"tiny-diffusiongemma": {"hidden": 32, "layers": 1, "heads": 2, "steps": 3},
+            drafters={"tiny-diffusiongemma": {"hidden": 32, "layers": 1, "heads": 2, "steps": 3, "offsets": 4},
                        "tiny-mdlm": {"hidden": 32, "layers": 1, "heads": 2, "steps": 3}})
 
 

@@ -96,8 +96,9 @@ def block_diffusion_model(model: Any) -> Any:
     raise AlignError("data.packing needs a DiffusionGemma drafter (an encoder and a decoder); set data.packing: off")
 
 
-def packed_logits(model: Any, batch: PackedBatch) -> torch.Tensor:
-    """Drafter logits (N, γ, V) of every window in ``batch``, in the order of ``batch.labels``."""
+def packed_logits(model: Any, batch: PackedBatch, self_conditioning: torch.Tensor | None = None) -> torch.Tensor:
+    """Drafter logits (N, γ, V) of every window in ``batch``, in the order of ``batch.labels``; with
+    ``self_conditioning`` (N, γ, V: a previous step's logits, same order) the decoder conditions on it."""
     core = block_diffusion_model(model)
     text = core.config.text_config
     attention = _attention_kind(text)
@@ -122,6 +123,10 @@ def packed_logits(model: Any, batch: PackedBatch) -> torch.Tensor:
     own = torch.arange(per_call, device=device).repeat_interleave(gamma)  # canvas position -> its slot in the call
     same_window = own[:, None] == own[None, :]  # (C·γ, C·γ)
     step = torch.arange(gamma, device=device).repeat(per_call)  # position within the window
+    if self_conditioning is not None:  # into the slots' layout (empty slots: zero logits, a flat signal)
+        sc = self_conditioning.new_zeros((g * calls * per_call, gamma, self_conditioning.shape[-1]))
+        sc[batch.slots] = self_conditioning
+        sc = sc.view(g, calls, per_call * gamma, -1)
     for j in range(calls):
         offsets = batch.offsets[:, j]  # (G, C)
         length = (batch.prompt_len[:, None] + offsets).repeat_interleave(gamma, dim=1)  # (G, C·γ) prefix length L
@@ -138,6 +143,7 @@ def packed_logits(model: Any, batch: PackedBatch) -> torch.Tensor:
             decoder_input_ids=batch.canvas[:, j].reshape(g, per_call * gamma), cache=cache,
             decoder_attention_mask=decoder_masks,
             decoder_position_ids=torch.where(empty, 0, length + step[None]),
+            self_conditioning_logits=None if self_conditioning is None else sc[:, j],
         ).last_hidden_state
         out.append(hidden.view(g, per_call, gamma, -1))
     hidden = torch.stack(out, dim=1).view(g * calls * per_call, gamma, -1)[batch.slots]

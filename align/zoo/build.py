@@ -38,7 +38,7 @@ class ZooSpec:
     replica_scale: str = "cpu"  # sizes of the random-weight replicas (align/zoo/replicas.py SCALES)
     verifier: dict = field(default_factory=lambda: {"hidden": 256, "layers": 4, "heads": 4, "steps": 1400})
     drafters: dict = field(default_factory=lambda: {
-        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1500},
+        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 800, "offsets": 8},
         "tiny-mdlm": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1800},
     })
 
@@ -106,7 +106,7 @@ def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bo
             maker = diffusiongemma_model if family == "diffusiongemma" else mdlm_model
             model = maker(vocab, d["hidden"], d["layers"], d["heads"], seed=spec.seed)
             losses = pretrain_drafter(model, family, docs, d["steps"], tokenizer.mask_token_id, vocab,
-                                      spec.batch_size, spec.lr, spec.seed, desc=name)
+                                      spec.batch_size, spec.lr, spec.seed, desc=name, offsets=d.get("offsets", 1))
         _save(name, model, tokenizer, {
             "name": name, "description": MODELS[name], "spec": dataclasses.asdict(spec),
             "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.time() - start, 1),

@@ -5,6 +5,9 @@ noised positions (γ drawn from 4..32) to fill with the next γ tokens. The othe
 32-position canvas noised at a rate r ~ U(0, 1) (masked families: the loss is on the masked positions; uniform
 families: on every position, since any token may be noise). DiffusionGemma also learns self-conditioning: in a
 quarter of the denoising batches a first pass, without gradient, supplies the logits it conditions on.
+
+DiffusionGemma pretrains packed (``align/distill/packing.py``): each document is encoded once and ``offsets``
+windows of it (distinct offsets, drawn at random) are denoised from that one encoder pass.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from align.distill.packing import make_packed, packed_logits
 from align.drafter import FAMILIES, canvas_for
 
 Doc = tuple[list[int], int]  # token ids of prompt ‖ response ‖ eos, and the prompt's length
@@ -106,14 +110,42 @@ def drafter_batch(batch: list[Doc], family: str, rng: random.Random, mask_token_
     return prefix, prefix_mask, canvas, labels, denoising
 
 
+def packed_drafter_batch(batch: list[Doc], offsets: int, rng: random.Random, vocab_size: int,
+                         generator: torch.Generator):
+    """One packed DiffusionGemma pretraining batch: ``offsets`` windows per document; returns (batch, denoising)."""
+    denoising = rng.random() < 0.5
+    gamma = 32 if denoising else rng.randint(4, 32)
+    rows = [{"prompt_ids": ids[:prompt_len], "response_ids": ids[prompt_len:]} for ids, prompt_len in batch]
+    pairs = [(i, t) for i, row in enumerate(rows)
+             for t in sorted(rng.sample(range(len(row["response_ids"])), min(offsets, len(row["response_ids"]))))]
+    packed = make_packed(rows, torch.tensor(pairs), gamma, 1 << 30, "diffusiongemma", None, vocab_size,
+                         rng.randrange(1 << 30))
+    if denoising:  # partly noised canvases: a rate per window
+        rate = torch.rand((len(pairs), 1), generator=generator)
+        noise = torch.rand(packed.labels.shape, generator=generator)
+        canvas = canvas_for(FAMILIES["diffusiongemma"], packed.labels, noise, rate, None, vocab_size, generator)
+        packed.canvas.view(-1, gamma)[packed.slots] = canvas
+    return packed, denoising
+
+
 def pretrain_drafter(model: Any, family: str, docs: list[Doc], steps: int, mask_token_id: int | None,
                      vocab_size: int, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
-                     desc: str = "drafter") -> list[float]:
-    """Denoising pretraining of a diffusion drafter (see the module docstring). Returns the loss per step."""
+                     desc: str = "drafter", offsets: int = 1) -> list[float]:
+    """Denoising pretraining of a diffusion drafter (see the module docstring). Returns the loss per step.
+    ``offsets`` > 1: windows per document (DiffusionGemma, packed)."""
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)
     fam = FAMILIES[family]
     batches = _batches(docs, batch_size, rng)
+
+    def packed_loss() -> torch.Tensor:
+        batch, denoising = packed_drafter_batch(next(batches), offsets, rng, vocab_size, generator)
+        self_conditioning = None
+        if denoising and rng.random() < 0.5:
+            with torch.no_grad():
+                self_conditioning = packed_logits(model, batch)
+        logits = packed_logits(model, batch, self_conditioning)[..., :vocab_size]
+        return F.cross_entropy(logits.reshape(-1, vocab_size), batch.labels.reshape(-1), ignore_index=-100)
 
     def batch_loss() -> torch.Tensor:
         prefix, prefix_mask, canvas, labels, denoising = drafter_batch(next(batches), family, rng, mask_token_id,
@@ -125,4 +157,5 @@ def pretrain_drafter(model: Any, family: str, docs: list[Doc], steps: int, mask_
         logits = fam.canvas_logits(model, prefix, prefix_mask, canvas, self_conditioning)
         return F.cross_entropy(logits[..., :vocab_size].reshape(-1, vocab_size), labels.reshape(-1), ignore_index=-100)
 
-    return _train(model, steps, lr, seed, desc, batch_loss)
+    packed = family == "diffusiongemma" and offsets > 1
+    return _train(model, steps, lr, seed, desc, packed_loss if packed else batch_loss)
