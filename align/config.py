@@ -75,9 +75,9 @@ class DataConfig:
     batch_size: int = option(64, "Prompts per generation batch (hf backend).", min=1)
     max_prefix_len: int = option(256, "Windows keep at most this many prefix tokens (cut from the left; packed: "
                                  "the prompt's).", min=1)
-    packing: str = option("auto", "Train every window of a rollout from one encoder pass (align/distill/packing.py); "
-                          "auto: on for diffusiongemma, whose encoder is causal, off for the bidirectional families.",
-                          choices=("auto", "on", "off"))
+    packing: bool | None = option(None, "Train every window of a rollout from one encoder pass "
+                                  "(align/distill/packing.py); null: on where that is exact (diffusiongemma, whose "
+                                  "encoder is causal), off for the bidirectional families.")
     heldout_fraction: float = option(0.05, "Fraction of prompts whose rollouts are held out for evaluation windows.",
                                      min=0.0, max=0.5)
 
@@ -306,8 +306,8 @@ def _describe(base: Any, meta: Any) -> str:
 
 
 def packing_on(recipe: Recipe) -> bool:
-    """Whether training packs windows (``data.packing``; auto: where it is exact, the diffusiongemma family)."""
-    return recipe.data.packing == "on" or (recipe.data.packing == "auto" and recipe.drafter.family == "diffusiongemma")
+    """Whether training packs windows (``data.packing``; null: where it is exact, the diffusiongemma family)."""
+    return recipe.data.packing if recipe.data.packing is not None else recipe.drafter.family == "diffusiongemma"
 
 
 def _check_recipe(recipe: Recipe) -> None:
@@ -323,9 +323,9 @@ def _check_recipe(recipe: Recipe) -> None:
     if recipe.drafter.family == "dream" and not recipe.drafter.trust_remote_code:
         raise RecipeError("recipe key drafter.trust_remote_code: Dream-style drafters ship their own modelling code; "
                           "set drafter.trust_remote_code: true")
-    if recipe.data.packing == "on" and recipe.drafter.family != "diffusiongemma":
-        raise RecipeError(f"recipe key data.packing: on needs a causal prefix encoder (diffusiongemma); the "
+    if recipe.data.packing and recipe.drafter.family != "diffusiongemma":
+        raise RecipeError(f"recipe key data.packing: true needs a causal prefix encoder (diffusiongemma); the "
                           f"{recipe.drafter.family} family re-reads its prefix bidirectionally, so windows cannot "
-                          "share it: set data.packing: auto (or off; distill.stride subsamples offsets)")
+                          "share it: set data.packing: null (or false; distill.stride subsamples offsets)")
     if recipe.data.backend == "vllm" and recipe.data.top_p <= 0:
         raise RecipeError("recipe key data.top_p: got 0; expected a number > 0")

@@ -13,9 +13,9 @@ with position ids L … L + γ − 1, as in decoding. Loss and gradient equal th
 (``tests/test_packing.py``: 1e-5 in fp32) when no window's prefix is cut by ``data.max_prefix_len``; packed, only
 the prompt is cut, and each window sees the whole response before it, as decoding does.
 
-A batch holds G rollouts; the decoder runs ⌈offsets / C⌉ times over (G, C·γ) canvas positions (C offsets per call),
-reading the same encoder keys, so the attention over keys costs (C·γ) × (S + C·γ) per call instead of one dense
-(all offsets)² matrix.
+A batch holds G rollouts; the decoder runs ⌈offsets / C⌉ times, call j over the C·γ canvas positions of the j-th
+chunk of C offsets of every rollout that has one, reading the same encoder keys: the attention costs
+(C·γ) × (S + C·γ) per chunk instead of one dense (all offsets)² matrix.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def block_diffusion_model(model: Any) -> Any:
         children = module._modules  # its own children: a DeepSpeed engine forwards attribute look-ups to its module
         if "lm_head" in children and "decoder" in getattr(children.get("model"), "_modules", {}):
             return module
-    raise AlignError("data.packing needs a DiffusionGemma drafter (an encoder and a decoder); set data.packing: off")
+    raise AlignError("data.packing needs a DiffusionGemma drafter (an encoder and a decoder); set data.packing: false")
 
 
 def packed_logits(model: Any, batch: PackedBatch, self_conditioning: torch.Tensor | None = None) -> torch.Tensor:
@@ -119,7 +119,6 @@ def packed_logits(model: Any, batch: PackedBatch, self_conditioning: torch.Tenso
     core.model.encoder(input_ids=batch.seq, attention_mask=encoder_masks, position_ids=positions[None].expand(g, -1),
                        cache=cache)
 
-    out = []
     own = torch.arange(per_call, device=device).repeat_interleave(gamma)  # canvas position -> its slot in the call
     same_window = own[:, None] == own[None, :]  # (C·γ, C·γ)
     step = torch.arange(gamma, device=device).repeat(per_call)  # position within the window
@@ -127,26 +126,29 @@ def packed_logits(model: Any, batch: PackedBatch, self_conditioning: torch.Tenso
         sc = self_conditioning.new_zeros((g * calls * per_call, gamma, self_conditioning.shape[-1]))
         sc[batch.slots] = self_conditioning
         sc = sc.view(g, calls, per_call * gamma, -1)
+    out, where = [], torch.full((g, calls, per_call), -1, dtype=torch.long, device=device)
     for j in range(calls):
-        offsets = batch.offsets[:, j]  # (G, C)
-        length = (batch.prompt_len[:, None] + offsets).repeat_interleave(gamma, dim=1)  # (G, C·γ) prefix length L
+        rows = (batch.offsets[:, j, 0] >= 0).nonzero()[:, 0]  # the rollouts with a j-th chunk of offsets
+        offsets = batch.offsets[rows, j]  # (R, C)
+        length = (batch.prompt_len[rows, None] + offsets).repeat_interleave(gamma, dim=1)  # (R, C·γ) prefix length L
         empty = offsets.repeat_interleave(gamma, dim=1) < 0
         decoder_masks = {}
         for kind, window in windows.items():
-            keys = positions[None, None, :] < length[..., None]  # (G, C·γ, S)
+            keys = positions[None, None, :] < length[..., None]  # (R, C·γ, S)
             if window is not None:
                 keys &= positions[None, None, :] > length[..., None] - window
             keys &= ~empty[..., None]
-            full = torch.cat([keys, same_window[None].expand(g, -1, -1)], dim=-1)
+            full = torch.cat([keys, same_window[None].expand(len(rows), -1, -1)], dim=-1)
             decoder_masks[kind] = _as_mask(full[:, None], attention)
         hidden = core.model.decoder(
-            decoder_input_ids=batch.canvas[:, j].reshape(g, per_call * gamma), cache=cache,
-            decoder_attention_mask=decoder_masks,
+            decoder_input_ids=batch.canvas[rows, j].reshape(len(rows), per_call * gamma),
+            cache=cache if len(rows) == g else _rows(cache, rows), decoder_attention_mask=decoder_masks,
             decoder_position_ids=torch.where(empty, 0, length + step[None]),
-            self_conditioning_logits=None if self_conditioning is None else sc[:, j],
+            self_conditioning_logits=None if self_conditioning is None else sc[rows, j],
         ).last_hidden_state
-        out.append(hidden.view(g, per_call, gamma, -1))
-    hidden = torch.stack(out, dim=1).view(g * calls * per_call, gamma, -1)[batch.slots]
+        where[rows, j] = sum(len(h) for h in out) + torch.arange(len(rows) * per_call, device=device).view(-1, per_call)
+        out.append(hidden.reshape(len(rows) * per_call, gamma, -1))
+    hidden = torch.cat(out)[where.view(-1)[batch.slots]]
     logits = core.lm_head(hidden).float()
     cap = core.final_logit_softcapping
     return logits if cap is None else torch.tanh(logits / cap) * cap
@@ -165,11 +167,19 @@ def packed_teacher_logits(verifier: Any, batch: PackedBatch, vocab: int) -> torc
     return logits[rows[:, None], index]
 
 
+def _rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
+    """The encoder keys and values of some rollouts only (gradients flow back through the selection)."""
+    part = DynamicCache()
+    for index, layer in enumerate(cache.layers):
+        part.update(layer.keys[rows], layer.values[rows], index)
+    return part
+
+
 def _attention_kind(config: Any) -> str:
     kind = getattr(config, "_attn_implementation", None) or "eager"
     if kind not in ("sdpa", "eager"):
         raise AlignError(f"data.packing needs sdpa or eager attention (masks of any shape); the drafter uses {kind}: "
-                         "set data.packing: off or load the drafter with attn_implementation='sdpa'")
+                         "set data.packing: false or load the drafter with attn_implementation='sdpa'")
     return kind
 
 
