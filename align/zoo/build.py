@@ -38,7 +38,7 @@ class ZooSpec:
     replica_scale: str = "cpu"  # sizes of the random-weight replicas (align/zoo/replicas.py SCALES)
     verifier: dict = field(default_factory=lambda: {"hidden": 256, "layers": 4, "heads": 4, "steps": 1400})
     drafters: dict = field(default_factory=lambda: {
-        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 800, "offsets": 8},
+        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 400, "offsets": 8},
         "tiny-mdlm": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1800},
     })
 
