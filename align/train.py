@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from align.config import Recipe, build_recipe, load_recipe, packing_on, save_recipe
 from align.distill.backend import Engine, list_checkpoints
 from align.distill.losses import LOSSES, NEEDS_TEACHER, ce_loss
-from align.distill.packing import make_packed, packed_logits, packed_teacher_logits
+from align.distill.packing import make_packed, offsets_per_call, packed_logits, packed_teacher_logits
 from align.distill.windows import make_windows, window_index
 from align.errors import AlignError, run_cli
 from align.distill.lora import add_lora
@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
     rank, world = init_distributed()
     lead = rank == 0
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if "OMP_NUM_THREADS" not in os.environ:  # the cores shared out among this machine's processes
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     check_run_folder(out, recipe)
 
     # ----------------------------------------------------------------------------------------- rollouts -> windows
@@ -167,7 +168,8 @@ def main(argv: list[str]) -> int:
     # ----------------------------------------------------------------------------------------- training loop
     t = recipe.train
     accumulation = engine.accumulation
-    order = WindowOrder(len(train_pairs), recipe.run.seed, rollout_spans(train_pairs) if packed else None)
+    order = WindowOrder(len(train_pairs), recipe.run.seed, rollout_spans(train_pairs) if packed else None,
+                        offsets_per_call(gamma))
     bar = tqdm(total=t.max_steps, initial=state["step"], desc="train", disable=not lead, dynamic_ncols=True)
     engine.train(True)
     while state["step"] < t.max_steps:
@@ -248,12 +250,13 @@ def heldout_rows(rows: list[dict], fraction: float) -> list[bool]:
 class WindowOrder:
     """The data order: epoch e is a seeded permutation of all windows; step s takes the next global batch.
 
-    With ``spans`` (packed training: (start, length) of each rollout's windows) epoch e permutes the rollouts and
-    keeps each rollout's windows together, so a micro-batch encodes few rollouts for many windows.
+    With ``spans`` (packed training: (start, length) of each rollout's windows) epoch e cuts each rollout's windows,
+    shuffled, into groups of ``group`` and permutes the groups: every window once per epoch as before, each group
+    sharing one encoder pass, and a micro-batch still drawing on many rollouts.
     """
 
-    def __init__(self, count: int, seed: int, spans: list[tuple[int, int]] | None = None):
-        self.count, self.seed, self.spans, self.cache = count, seed, spans, {}
+    def __init__(self, count: int, seed: int, spans: list[tuple[int, int]] | None = None, group: int = 1):
+        self.count, self.seed, self.spans, self.group, self.cache = count, seed, spans, group, {}
 
     def _epoch(self, epoch: int) -> torch.Tensor:
         if epoch not in self.cache:
@@ -261,8 +264,9 @@ class WindowOrder:
             if self.spans is None:
                 order = torch.randperm(self.count, generator=generator)
             else:
-                order = torch.cat([torch.arange(start, start + length) for start, length in
-                                   (self.spans[i] for i in torch.randperm(len(self.spans), generator=generator))])
+                groups = [chunk for start, length in self.spans
+                          for chunk in (start + torch.randperm(length, generator=generator)).split(self.group)]
+                order = torch.cat([groups[i] for i in torch.randperm(len(groups), generator=generator)])
             self.cache = {epoch: order}
         return self.cache[epoch]
 

@@ -55,7 +55,7 @@ def make_packed(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int, 
     groups: dict[int, list[int]] = {}
     for row, t in pairs.tolist():
         groups.setdefault(row, []).append(t)
-    per_call = max(1, QUERIES_PER_CALL // gamma)
+    per_call = offsets_per_call(gamma)
     calls = max(math.ceil(len(ts) / per_call) for ts in groups.values())
     seqs = []
     for row in groups:
@@ -85,6 +85,11 @@ def make_packed(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int, 
         slots[n] = slot_of[(row, t)]
     prompt_len = torch.tensor([len(p) for p, _ in seqs], dtype=torch.long)
     return PackedBatch(seq, seq_mask, prompt_len, offsets, canvas, labels, slots)
+
+
+def offsets_per_call(gamma: int) -> int:
+    """C: window offsets per decoder call and rollout."""
+    return max(1, QUERIES_PER_CALL // gamma)
 
 
 def block_diffusion_model(model: Any) -> Any:
