@@ -61,8 +61,7 @@ def main(argv: list[str]) -> int:
     rank, world = init_distributed()
     lead = rank == 0
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if "OMP_NUM_THREADS" not in os.environ:  # the cores shared out among this machine's processes
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     check_run_folder(out, recipe)
 
     # ----------------------------------------------------------------------------------------- rollouts -> windows

@@ -121,8 +121,8 @@ def packed_drafter_batch(batch: list[Doc], offsets: int, rng: random.Random, voc
     packed = make_packed(rows, torch.tensor(pairs), gamma, 1 << 30, "diffusiongemma", None, vocab_size,
                          rng.randrange(1 << 30))
     if denoising:  # partly noised canvases: a rate per window
-        rate = torch.rand((len(pairs), 1), generator=generator)
-        noise = torch.rand(packed.labels.shape, generator=generator)
+        rate = torch.rand((len(pairs), 1), generator=generator, device=generator.device)
+        noise = torch.rand(packed.labels.shape, generator=generator, device=generator.device)
         canvas = canvas_for(FAMILIES["diffusiongemma"], packed.labels, noise, rate, None, vocab_size, generator)
         packed.canvas.view(-1, gamma)[packed.slots] = canvas
     return packed, denoising
