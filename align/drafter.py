@@ -14,6 +14,11 @@ recipe's ``drafter.family``:
 canvases re-noise the rest; masked canvases keep them masked); positions committed before the last step are
 returned as one-hot rows. Given those commitments every row is independent, so a draft drawn row by row from
 these marginals has exactly these probabilities: the q that lossless sampling verification needs.
+
+Decoding a DiffusionGemma drafter (batch 1, prefix cache kept) goes through :class:`DiffusionGemmaPass` by default:
+the model's own computation from its parts, in one pass per denoising step, without what decoding does not need
+(equal to the model's forward within float tolerance; checked against it on its first call). ``Drafter(lean=False)``
+or ``ALIGN_LEAN=0`` selects the model's own forward, as before.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
+from align.drafter_pass import DiffusionGemmaPass, grad_free, lean_default
 from align.errors import AlignError
 
 
@@ -47,10 +52,12 @@ class Family:
 
 @dataclass
 class PrefixState:
-    """What a drafter remembers of the prefix between calls (DiffusionGemma: its encoder KV cache)."""
+    """What a drafter remembers of the prefix between calls (DiffusionGemma: its encoder KV cache), and the lean
+    decoding pass to use (None: the model's own forward)."""
 
     ids: list[int] = field(default_factory=list)
     cache: Any = None
+    lean: "DiffusionGemmaPass | None" = None
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
@@ -69,12 +76,17 @@ class DiffusionGemmaFamily(Family):
             ids = prefix[0].tolist()
             if state.cache is None or ids[:len(state.ids)] != state.ids:
                 state.cache, state.ids = DynamicCache(config=model.config), []
-            new = prefix[:, len(state.ids):]
+            lean = state.lean if state.lean is not None and state.lean.usable else None
+            start, new = len(state.ids), prefix[:, len(state.ids):]
+            state.ids = ids
+            if lean is not None:  # one pass through the model's parts
+                logits = lean.logits(state.cache, start, new if new.shape[1] else None, canvas, self_conditioning)
+                if not lean.checked:  # once per model: against the model's own forward
+                    logits = lean.check(prefix, canvas, self_conditioning, state, logits)
+                return logits
             if new.shape[1]:
-                start = len(state.ids)
                 model.model.encoder(input_ids=new, cache=state.cache,
                                     position_ids=torch.arange(start, start + new.shape[1], device=new.device)[None])
-                state.ids = ids
             return model(cache=state.cache, decoder_input_ids=canvas, self_conditioning_logits=self_conditioning).logits
         mask = torch.ones_like(prefix) if prefix_mask is None else prefix_mask
         length = mask.sum(-1, keepdim=True)
@@ -136,9 +148,14 @@ def canvas_for(family: Family, labels: torch.Tensor, noise: torch.Tensor, rate: 
 
 
 class Drafter:
-    """A diffusion model behind one interface: marginals of a γ-block after a prefix, in T denoising steps."""
+    """A diffusion model behind one interface: marginals of a γ-block after a prefix, in T denoising steps.
 
-    def __init__(self, model: Any, family: str, vocab_size: int, mask_token_id: int | None = None):
+    ``lean`` (default: on unless ``ALIGN_LEAN=0``): decode through :class:`DiffusionGemmaPass` where the model
+    supports it, in inference mode; off: the model's own forward under ``no_grad``, as before.
+    """
+
+    def __init__(self, model: Any, family: str, vocab_size: int, mask_token_id: int | None = None,
+                 lean: bool | None = None):
         if family not in FAMILIES:
             raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join(FAMILIES)}")
         self.model = model.eval()
@@ -148,17 +165,22 @@ class Drafter:
             raise AlignError(f"the {family} family needs a mask token: the drafter's tokenizer has none; "
                              "set drafter.mask_token_id")
         self.mask_token_id = mask_token_id
+        # decoding through the model's parts (DiffusionGemmaPass) or, lean=False / ALIGN_LEAN=0, its own forward
+        self.lean = lean_default() if lean is None else lean
+        self.lean_pass = None
+        if family == "diffusiongemma" and DiffusionGemmaPass.supported(model) is None:
+            self.lean_pass = DiffusionGemmaPass(model)
         self.state = PrefixState()
+        self.reset()
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     def reset(self) -> None:
-        """Forget the cached prefix (start of a new sequence)."""
-        self.state = PrefixState()
+        """Forget the cached prefix (start of a new sequence); ``lean`` takes effect here."""
+        self.state = PrefixState(lean=self.lean_pass if self.lean else None)
 
-    @torch.no_grad()
     def marginals(self, prefix: torch.Tensor, gamma: int, steps: int = 1, temperature: float = 0.0,
                   generator: torch.Generator | None = None) -> torch.Tensor:
         """Log-probabilities (B, γ, V) of the draft after ``steps`` denoising steps.
@@ -166,6 +188,10 @@ class Drafter:
         ``temperature`` is how positions are committed at intermediate steps (0: argmax, else a sample at that
         temperature); the returned rows are at temperature 1 (apply the draft temperature when sampling).
         """
+        with grad_free(self.lean):
+            return self._marginals(prefix, gamma, steps, temperature, generator)
+
+    def _marginals(self, prefix, gamma, steps, temperature, generator) -> torch.Tensor:
         if gamma <= 0 or steps <= 0:
             raise AlignError(f"gamma and steps must be positive, got gamma={gamma}, steps={steps}")
         batch = prefix.shape[0]

@@ -47,6 +47,11 @@ class Block:
     rejected_rank: int | None = None
     entropy: float = 0.0
     produced: int | None = None  # tokens this verifier call added: accepted + 1, or accepted when EOS ended the text
+    # wall time of this block (synchronised): the drafter's pass(es), the verifier's scoring pass, the whole block
+    # (the rest is the loop's own work: building the prefix, picking the draft, the acceptance rule, bookkeeping)
+    drafter_s: float = 0.0
+    verifier_s: float = 0.0
+    total_s: float = 0.0
 
     def __post_init__(self):
         if self.produced is None:

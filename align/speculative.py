@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from align.drafter import Drafter
+from align.drafter_pass import grad_free
 from align.errors import AlignError
 from align.metrics import Block, DecodeStats, now
 from align.verifier import Verifier
@@ -81,7 +82,6 @@ class SpeculativeDecoder:
             eos_token_ids = []
         self.eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids)
 
-    @torch.no_grad()
     def generate(self, prompt: list[int], max_new_tokens: int, gamma: int, steps: int = 1, temperature: float = 0.0,
                  seed: int = 0, selection=None) -> Generation:
         """Decode up to ``max_new_tokens`` after ``prompt`` with γ-token blocks of ``steps`` denoising steps.
@@ -90,6 +90,10 @@ class SpeculativeDecoder:
         distributed as the verifier's temperature sampling. ``selection`` (an ``align.selection.Selection``)
         turns on K drafts per block.
         """
+        with grad_free(getattr(self.verifier, "lean", False)):
+            return self._generate(prompt, max_new_tokens, gamma, steps, temperature, seed, selection)
+
+    def _generate(self, prompt, max_new_tokens, gamma, steps, temperature, seed, selection) -> Generation:
         if gamma <= 0:
             raise AlignError(f"gamma must be a positive number of draft tokens, got {gamma}")
         if steps <= 0:
@@ -104,9 +108,10 @@ class SpeculativeDecoder:
         self.drafter.reset()
         out = Generation(tokens=[])
         stats = out.stats
-        start = now(device)
+        start = mark = now(device)
         limit = self.verifier.max_length
         while len(out.tokens) < max_new_tokens:
+            block_start = mark
             room = max_new_tokens - len(out.tokens) - 1
             if limit is not None:
                 if self.verifier.length >= limit:
@@ -119,7 +124,11 @@ class SpeculativeDecoder:
                 logq, drafts = None, torch.zeros((1, 0), dtype=torch.long, device=device)
             else:
                 logq = self.drafter.marginals(prefix, g, steps, temperature, generator)[0]  # (γ, V)
-                drafts = self._drafts(logq, temperature, generator, selection)  # (K, γ)
+                own = getattr(self.drafter, "draft", None)  # an AR drafter's own draft: its rows are conditioned on it
+                if own is not None and selection is None:
+                    drafts = own[:1]
+                else:
+                    drafts = self._drafts(logq, temperature, generator, selection)  # (K, γ)
             t2 = now(device)
             logits = self.verifier.score(drafts)  # (K, γ + 1, V)
             t3 = now(device)
@@ -131,13 +140,16 @@ class SpeculativeDecoder:
             stats.verifier_s += (t3 - t2) + (t4 - t3)
             stop = next((i for i, t in enumerate(kept) if t in self.eos), None)
             if stop is None:
-                stats.blocks.append(_block(g, accepted, drafts[index], logits[index]))
+                block = _block(g, accepted, drafts[index], logits[index])
             else:  # an accepted EOS ends the generation right there: positions after it were never in play
                 kept, next_token = kept[:stop + 1], None
-                stats.blocks.append(_block(len(kept), len(kept), drafts[index], logits[index], produced=len(kept)))
+                block = _block(len(kept), len(kept), drafts[index], logits[index], produced=len(kept))
+            stats.blocks.append(block)
             new = kept + ([] if next_token is None else [next_token])
             out.pieces.append((kept, next_token))
             out.tokens += new
+            mark = now(device)
+            block.drafter_s, block.verifier_s, block.total_s = t2 - t0, t3 - t2, mark - block_start
             if next_token is None or next_token in self.eos:
                 break
         out.tokens = out.tokens[:max_new_tokens]

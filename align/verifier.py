@@ -9,13 +9,17 @@ rolls the cache back to what was accepted.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
+from align.drafter_pass import grad_free, lean_default
 from align.errors import AlignError
+from align.metrics import now
 
 
 def context_length(config: Any) -> int | None:
@@ -27,8 +31,18 @@ def context_length(config: Any) -> int | None:
 class Verifier:
     """A causal LM that scores drafts in one pass per block."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, lean: bool | None = None):
         self.model = model.eval()
+        # lean (default; ALIGN_LEAN=0 or lean=False: the call as before): inference mode, the cache under the
+        # forward's current name (transformers 5 deprecates past_key_values, with a warning per call), and logits
+        # only for the positions scoring reads (logits_to_keep: the pass over the prompt skips the LM head on it)
+        self.lean = lean_default() if lean is None else lean
+        try:
+            accepts = set(inspect.signature(model.forward).parameters)
+        except (TypeError, ValueError):
+            accepts = set()
+        self._cache_name = "cache" if "cache" in accepts else "past_key_values"
+        self._keep = "logits_to_keep" in accepts
         self.max_length = context_length(model.config)
         text = model.config.get_text_config()
         sliding = getattr(text, "sliding_window", None) and any(
@@ -59,28 +73,40 @@ class Verifier:
         """Tokens of the sequence so far (cached and pending)."""
         return self.cached + len(self.pending)
 
-    @torch.no_grad()
     def score(self, drafts: torch.Tensor) -> torch.Tensor:
         """Logits (K, γ + 1, V) after each prefix of each draft in ``drafts`` (K, γ) (γ may be 0)."""
+        with grad_free(self.lean):
+            return self._score(drafts)
+
+    def _score(self, drafts: torch.Tensor) -> torch.Tensor:
         k, gamma = drafts.shape
         pending = torch.tensor(self.pending, device=self.device)
         n = len(self.pending)
         if k == 1 or gamma == 0:
             ids = torch.cat([pending, drafts[0]])[None]
-            logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True).logits[0, n - 1:]
+            logits = self._forward(ids, gamma + 1)[0]
             logits = logits[None].expand(k, -1, -1) if gamma == 0 else logits[None]
         elif self.tree_attention:
             ids = torch.cat([pending, drafts.reshape(-1)])[None]
             mask, pos = self._tree(n, k, gamma)
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
-                             use_cache=True).logits[0]
-            logits = torch.cat([out[n - 1].expand(k, 1, -1), out[n:].view(k, gamma, -1)], dim=1)
+            out = self._forward(ids, k * gamma + 1, attention_mask=mask, position_ids=pos)[0]
+            logits = torch.cat([out[0].expand(k, 1, -1), out[1:].view(k, gamma, -1)], dim=1)
         else:  # fall back to a batch of K copies of the cache
             self.cache.batch_repeat_interleave(k)
             ids = torch.cat([pending.expand(k, -1), drafts], dim=1)
-            logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True).logits[:, n - 1:]
+            logits = self._forward(ids, gamma + 1)
         self._last = (n, drafts)
         return logits.float()
+
+    def _forward(self, ids: torch.Tensor, keep: int, **kwargs) -> torch.Tensor:
+        """The model over ``ids`` after the cache: logits (B, keep, V) of the last ``keep`` positions."""
+        if self.lean:
+            kwargs[self._cache_name] = self.cache
+            if self._keep:
+                kwargs["logits_to_keep"] = keep
+        else:
+            kwargs["past_key_values"] = self.cache
+        return self.model(input_ids=ids, use_cache=True, **kwargs).logits[:, -keep:]
 
     def _tree(self, n: int, k: int, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Additive mask (1, 1, n + kγ, cached + n + kγ) and position ids for pending ‖ draft_1 ‖ ... ‖ draft_k."""
@@ -111,6 +137,65 @@ class Verifier:
         self.cache.crop(-(k * gamma) if self.tree_attention else -gamma)
         self.cached += n
         self.pending = drafts[index, :accepted].tolist() + [next_token]
+
+
+@dataclass
+class AloneRun:
+    """The verifier alone through the minimal cached loop: its tokens and the time each took."""
+
+    tokens: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # seconds per token; the first includes the prompt's pass
+
+    @property
+    def prefill_s(self) -> float:
+        return self.times[0] if self.times else 0.0
+
+    @property
+    def step_times(self) -> list[float]:
+        """Seconds of each one-token step after the prompt's pass."""
+        return self.times[1:]
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.times)
+
+
+def verifier_alone(verifier: Verifier, prompt: list[int], max_new_tokens: int, eos_token_ids=None,
+                   temperature: float = 0.0, seed: int = 0) -> AloneRun:
+    """The verifier alone, as speculative decoding runs it: the same ``Verifier`` object and path (``score`` with an
+    empty draft, ``commit``), the prompt in one pass, then one token per step from the KV cache, stopping where
+    speculative decoding stops (first EOS included, ``max_new_tokens``, the context). Greedy at temperature 0 (the
+    tokens are ``generate``'s), else a sample at that temperature. Timed with :func:`align.metrics.now`.
+
+    The reference for speed: what a cached decoding loop costs at the least, rather than ``generate``, whose
+    per-step bookkeeping (logits processors, stopping criteria, input preparation) is no part of verifying a draft."""
+    with grad_free(verifier.lean):
+        return _alone(verifier, prompt, max_new_tokens, eos_token_ids, temperature, seed)
+
+
+def _alone(verifier, prompt, max_new_tokens, eos_token_ids, temperature, seed) -> AloneRun:
+    eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids or [])
+    device = verifier.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    empty = torch.zeros((1, 0), dtype=torch.long, device=device)
+    run = AloneRun()
+    verifier.start(prompt)
+    mark = now(device)
+    while len(run.tokens) < max_new_tokens:
+        if verifier.max_length is not None and verifier.length >= verifier.max_length:
+            break
+        logits = verifier.score(empty)[0, -1]
+        if temperature > 0:
+            token = int(torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator))
+        else:
+            token = int(logits.argmax())
+        verifier.commit(0, 0, token)
+        run.tokens.append(token)
+        previous, mark = mark, now(device)
+        run.times.append(mark - previous)
+        if token in eos:
+            break
+    return run
 
 
 def sampling_config(max_new_tokens: int, temperature: float, top_p: float, eos: list[int] | int | None,

@@ -7,6 +7,10 @@
 ``--ckpt`` is an exported drafter (its meta.json names the verifier and the base drafter, the default baseline)
 or any drafter with ``--verifier``. Comma lists sweep. Writes acceptance.json, report.md and PNG plots into
 ``--out`` (default: ``<ckpt>/eval``), and with ``--save-outputs`` every output's token ids (outputs.jsonl).
+
+Speed: ``speedup`` (and ``ar_tokens_per_s``) is against the verifier alone in a minimal cached loop through the same
+verifier path (``align.verifier.verifier_alone``); Hugging Face ``generate``'s tokens/s is reported beside it
+(``generate_tokens_per_s``, ``speedup_vs_generate``), and its outputs are what the lossless check compares with.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from align.drafter import Drafter
 from align.prompts import encode_prompt, read_prompt_file
 from align.selection import make_selection
 from align.speculative import SpeculativeDecoder
-from align.verifier import Verifier, ar_generate, eos_ids
+from align.verifier import Verifier, ar_generate, eos_ids, verifier_alone
 from align.zoo import resolve
 from eval.analysis import PromptRecord, combine_seeds, summarize
 from eval.suites import SUITES, load_suite
@@ -53,6 +57,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--baseline", default=None, help="drafter to compare with (default: meta.json's base drafter; "
                    "'none' to skip)")
     p.add_argument("--verifier", default=None, help="verifier path (default: meta.json's verifier)")
+    p.add_argument("--ar-drafter", default=None, help="also measure this autoregressive drafter (python -m "
+                   "align.baseline train): standard speculative decoding, label 'ar'")
     p.add_argument("--family", default=None, help="drafter family (default: meta.json's, or detected)")
     p.add_argument("--suite", default=None, help=f"prompt suite: {', '.join(SUITES)} (default tinyworld)")
     p.add_argument("--prompts", default=None, help='JSONL of {"id", "prompt", "category"?} instead of a suite')
@@ -135,22 +141,37 @@ def main(argv: list[str]) -> int:
     eos = eos_ids(verifier_model, tokenizer)
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
 
-    # the verifier alone, once per (temperature, seed): its speed, and its outputs for the lossless check
-    ar_generate(verifier_model, encoded[0], args.max_new_tokens, 0.0, eos)  # warm-up, untimed
+    # the verifier alone, once per (temperature, seed). Speed reference: the minimal cached loop through the same
+    # Verifier path speculative decoding uses (prompt pass, then one token per step). Hugging Face generate: its
+    # outputs for the lossless check, its tokens/s reported beside.
+    verifier = Verifier(verifier_model)
+    ar_generate(verifier_model, encoded[0], args.max_new_tokens, 0.0, eos)  # warm-ups, untimed
+    verifier_alone(verifier, encoded[0], args.max_new_tokens, eos)
     reference: dict[tuple[float, int], tuple[list[list[int]], float]] = {}
+    alone: dict[tuple[float, int], tuple[int, float]] = {}
     for temperature, seed in itertools.product(args.temperature, args.seed):
         start = now(device)
         outputs = [ar_generate(verifier_model, ids, args.max_new_tokens, temperature, eos, seed)
-                   for ids in tqdm(encoded, desc=f"verifier alone, temperature {temperature}", leave=False)]
+                   for ids in tqdm(encoded, desc=f"generate, temperature {temperature}", leave=False)]
         reference[(temperature, seed)] = (outputs, now(device) - start)
-
-    verifier = Verifier(verifier_model)
+        runs = [verifier_alone(verifier, ids, args.max_new_tokens, eos, temperature, seed)
+                for ids in tqdm(encoded, desc=f"verifier alone, temperature {temperature}", leave=False)]
+        alone[(temperature, seed)] = (sum(len(r.tokens) for r in runs), sum(r.total_s for r in runs))
     results, saved = [], []
-    drafters = [("aligned", ckpt)] + ([("baseline", baseline)] if baseline else [])
+    drafters = [("aligned", ckpt)] + ([("baseline", baseline)] if baseline else []) + \
+        ([("ar", args.ar_drafter)] if args.ar_drafter else [])
     for label, path in drafters:
-        model, drafter_tokenizer = load_drafter_model(path, family, args.dtype, args.trust_remote_code, device)
-        vocab = shared_vocab_size(drafter_tokenizer, tokenizer, path, verifier_path)
-        drafter = Drafter(model, family, vocab, drafter_tokenizer.mask_token_id)
+        if label == "ar":
+            from align.baseline import load_ar_drafter
+            from align.loading import load_tokenizer
+
+            vocab = shared_vocab_size(load_tokenizer(resolve(path), "AR drafter"), tokenizer, path, verifier_path)
+            drafter = load_ar_drafter(path, device, vocab, args.dtype)
+            model = drafter.model
+        else:
+            model, drafter_tokenizer = load_drafter_model(path, family, args.dtype, args.trust_remote_code, device)
+            vocab = shared_vocab_size(drafter_tokenizer, tokenizer, path, verifier_path)
+            drafter = Drafter(model, family, vocab, drafter_tokenizer.mask_token_id)
         decoder = SpeculativeDecoder(drafter, verifier, eos)
         decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], args.steps[0])  # warm-up, untimed
         for setting in settings(args):
@@ -171,10 +192,13 @@ def main(argv: list[str]) -> int:
                                            setting["temperature"], seed, selection)
                     records.append(PromptRecord(p["id"], p.get("category", "all"), ids, gen.tokens, gen.stats))
                 ar_outputs, ar_seconds = reference[(setting["temperature"], seed)]
+                alone_tokens, alone_seconds = alone[(setting["temperature"], seed)]
                 summary = summarize(records, setting["gamma"])
                 summary.update(label=label, drafter=path, verifier=verifier_path, suite=suite, seed=seed, **setting)
-                summary["ar_tokens_per_s"] = sum(map(len, ar_outputs)) / ar_seconds
+                summary["ar_tokens_per_s"] = alone_tokens / alone_seconds  # the minimal cached loop
                 summary["speedup"] = summary["tokens_per_s"] / summary["ar_tokens_per_s"]
+                summary["generate_tokens_per_s"] = sum(map(len, ar_outputs)) / ar_seconds
+                summary["speedup_vs_generate"] = summary["tokens_per_s"] / summary["generate_tokens_per_s"]
                 summary["lossless"] = summary["lossless_counts"] = None
                 if setting["temperature"] == 0:  # token for token, or a near-tie of a low-precision verifier
                     counts = lossless_counts(verifier_model, encoded, [r.output_ids for r in records], ar_outputs)
@@ -185,7 +209,10 @@ def main(argv: list[str]) -> int:
                                "temperature": setting["temperature"], "k": setting["k"], "seed": seed,
                                "prompt_ids": r.prompt_ids, "output_ids": r.output_ids} for r in records]
             if runs:
-                results.append(combine_seeds(runs))
+                combined = combine_seeds(runs)
+                for key in ("generate_tokens_per_s", "speedup_vs_generate"):  # mean over seeds, as the others
+                    combined[key] = sum(r[key] for r in runs) / len(runs)
+                results.append(combined)
         del drafter, decoder, model
 
     out.mkdir(parents=True, exist_ok=True)

@@ -141,3 +141,37 @@ def test_sampling_accept_batched_rows_are_independent():
     accepted, token = sampling_accept(draft, q, p, g)
     assert accepted.shape == (64,) and token.shape == (64,)
     assert int(accepted.min()) >= 0 and int(accepted.max()) <= 4
+
+
+# ------------------------------------------------------------------------------------------------ lean passes
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_greedy_lossless_with_sliding_window_drafter_lean_and_plain(steps):
+    """A DiffusionGemma drafter with sliding-window layers (window 8, shorter than the prompts), MoE and GQA: through
+    the lean pass and through the model's own forward, decoding gives the verifier's tokens, and the two paths
+    propose the same drafts (the same accepted lengths, the same verifier ranks of the rejected tokens)."""
+    from test_drafter_pass import sliding_drafter
+
+    model = sliding_drafter(3)
+    for seed in range(2):
+        verifier = tiny_verifier(seed)
+        runs = {}
+        for lean in (True, False):
+            drafter = Drafter(model, "diffusiongemma", VOCAB, lean=lean)
+            runs[lean] = [check_greedy(drafter, verifier, seed, gamma, steps, eos_mode)
+                          for gamma in (4, 16) for eos_mode in ("inside", "none")]
+        for a, b in zip(runs[True], runs[False]):
+            assert [(x.accepted, x.rejected_rank) for x in a.stats.blocks] == \
+                [(x.accepted, x.rejected_rank) for x in b.stats.blocks]
+
+
+def test_blocks_carry_their_time_split():
+    verifier = tiny_verifier(0)
+    drafter = Drafter(tiny_drafter("diffusiongemma", 1), "diffusiongemma", VOCAB)
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    out = decoder.generate([5, 6, 7, 8], 30, gamma=4)
+    assert len(out.stats.blocks) >= 6
+    for block in out.stats.blocks:
+        assert 0 < block.drafter_s and 0 < block.verifier_s and block.drafter_s + block.verifier_s <= block.total_s
+    assert sum(b.total_s for b in out.stats.blocks) <= out.stats.total_s + 1e-9

@@ -1,0 +1,285 @@
+"""The lean decoding passes compute what the models' own forwards compute.
+
+DiffusionGemma (``align.drafter.DiffusionGemmaPass``): the prefix cache it writes and the canvas logits it returns
+equal ``model.model.encoder(...)`` then ``model(cache=..., decoder_input_ids=...)``, within float tolerance, on random
+drafters with sliding-window layers (prefixes longer than the window), GQA, a wider head on full layers, MoE,
+self-conditioning (T > 1) and non-trivial norm weights, and on the real model's structure (the replica's
+configuration with a small vocabulary). The verifier's lean scoring equals its plain call, and the minimal cached loop
+gives ``generate``'s tokens.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, DynamicCache
+
+from conftest import VOCAB, tiny_drafter, tiny_verifier
+from align.drafter import DiffusionGemmaPass, Drafter
+from align.verifier import Verifier, ar_generate, verifier_alone
+
+V = 96
+VISION = dict(model_type="gemma4_vision", hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+              num_attention_heads=1, num_key_value_heads=1, head_dim=8, position_embedding_size=16)
+
+
+def perturb(model, seed: int, scalars: tuple[float, float] = (0.7, 0.7)):
+    """Norm weights, router scales and layer scalars away from their initial ones (ones hide misordered norms);
+    ``scalars``: the encoder's and the decoder's layer scalars (buffers, not tied)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+        for layer in model.model.encoder.language_model.layers:
+            layer.layer_scalar.fill_(scalars[0])
+        for layer in model.model.decoder.layers:
+            layer.layer_scalar.fill_(scalars[1])
+    return model.eval()
+
+
+def sliding_drafter(seed: int = 0, window: int = 8, experts: int = 4, scalars=(0.7, 0.7)):
+    """3 layers (sliding, sliding, full), window 8, 2 query heads on 1 KV head, head 16 (32 on the full layer)."""
+    torch.manual_seed(seed)
+    text = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                num_experts=experts, top_k_experts=2, moe_intermediate_size=24, max_position_embeddings=256,
+                sliding_window=window, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    config = DiffusionGemmaConfig(text_config=text, vision_config=VISION, canvas_length=32)
+    return perturb(DiffusionGemmaForBlockDiffusion(config), seed, scalars)
+
+
+def replica_drafter(seed: int = 0):
+    """The replica of diffusiongemma-26B-A4B-it (align/zoo/replicas.py, cpu scale: 5 sliding : 1 full layers, head
+    256 / 512, 8 experts, soft-capping, bidirectional vision attention) with a 512-token vocabulary and window 8."""
+    from align.zoo.replicas import SCALES, gemma_text, gemma_vision
+
+    s = dict(SCALES["cpu"]["gemma"], sliding=8)
+    text = {k: v for k, v in gemma_text(s).items()
+            if k not in ("attention_k_eq_v", "enable_moe_block", "hidden_size_per_layer_input")}
+    text.update(vocab_size=512)
+    torch.manual_seed(seed)
+    config = DiffusionGemmaConfig(text_config=text, vision_config=gemma_vision(s), canvas_length=256)
+    return perturb(DiffusionGemmaForBlockDiffusion(config), seed)
+
+
+MODELS = {
+    "sliding": lambda: sliding_drafter(0),
+    "sliding-rotary-table-rebuilt": lambda: sliding_drafter(0),  # a table 2 positions ahead: rebuilt on most calls
+    "sliding-window-4-16-experts": lambda: sliding_drafter(1, window=4, experts=16),
+    "untied-layer-scalars": lambda: sliding_drafter(2, scalars=(0.7, 1.3)),  # the two-pass lean path
+    "zoo-structure": lambda: perturb(tiny_drafter("diffusiongemma", 3), 3),
+    "replica": lambda: replica_drafter(4),
+}
+
+# prefix growth per call, as decoding sees it: the prompt, then accepted tokens + 1 (1 to γ + 1), or nothing new
+# (a later denoising step); the prompt alone is longer than the sliding window
+GROWTH = [20, 1, 5, 0, 17, 1, 0, 9]
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Equal up to float32 rounding in another order, which grows with depth (the replica's 6 layers: ~3e-4)."""
+    torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_lean_pass_equals_the_model_forward(name):
+    model = MODELS[name]()
+    lean = DiffusionGemmaPass(model)
+    if name == "sliding-rotary-table-rebuilt":
+        lean.AHEAD = 2
+    assert DiffusionGemmaPass.supported(model) is None
+    assert lean.fused == (name != "untied-layer-scalars")
+    vocab = model.config.text_config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, vocab, (1, sum(GROWTH)), generator=g)
+    ours, theirs = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    length, previous = 0, None
+    for step, grow in enumerate(GROWTH):
+        new = ids[:, length:length + grow]
+        canvas = torch.randint(0, vocab, (1, 6), generator=g)
+        self_conditioning = previous if grow == 0 else None  # T > 1: the previous step's logits
+        with torch.no_grad():
+            if grow:
+                model.model.encoder(input_ids=new, cache=theirs,
+                                    position_ids=torch.arange(length, length + grow)[None])
+            expected = model(cache=theirs, decoder_input_ids=canvas, self_conditioning_logits=self_conditioning).logits
+        got = lean.logits(ours, length, new if grow else None, canvas, self_conditioning)
+        length += grow
+        close(got, expected)
+        for mine, reference in zip(ours.layers, theirs.layers):  # the same keys and values, the same window
+            assert mine.keys.shape == reference.keys.shape
+            close(mine.keys, reference.keys)
+            close(mine.values, reference.values)
+        previous = expected
+    text = model.config.text_config
+    assert "sliding_attention" not in text.layer_types or length > 2 * text.sliding_window
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_one_pass_and_no_work_past_the_encoders_last_keys(fused, monkeypatch):
+    """Tied layers: the new tokens and the canvas share each layer's matmuls (one pass, not an encoder pass and a
+    decoder pass). Either way the last layer's queries, attention output and feed-forward see the canvas rows only:
+    the encoder's last hidden states are never computed."""
+    model = sliding_drafter(0)
+    lean = DiffusionGemmaPass(model)
+    lean.fused = fused
+    rows: dict[int, list[int]] = {}
+    linear = F.linear
+
+    def counting(x, weight, bias=None):
+        rows.setdefault(id(weight), []).append(x.shape[-2])
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(F, "linear", counting)
+    lean.logits(DynamicCache(config=model.config), 0, torch.randint(4, V, (1, 12)), torch.randint(0, V, (1, 5)))
+    first, last = model.model.decoder.layers[0], model.model.decoder.layers[-1]
+    assert rows[id(first.self_attn.q_proj.weight)] == ([17] if fused else [12, 5])
+    assert rows[id(last.self_attn.k_proj.weight)] == ([17] if fused else [12, 5])  # keys of every row...
+    for module in (last.self_attn.q_proj, last.self_attn.o_proj, last.mlp.down_proj):
+        assert rows[id(module.weight)] == [5]  # ...the rest for the canvas only
+
+
+def test_rms_norm_is_the_modules_arithmetic_bitwise():
+    """The lean pass uses F.rms_norm for DiffusionGemmaRMSNorm: in float32 they agree to the bit."""
+    from transformers.models.diffusion_gemma.modeling_diffusion_gemma import DiffusionGemmaRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    for shape in [(1, 17, 32), (1, 9, 2, 16), (40, 64)]:
+        for scale in (1e-3, 1.0, 1e3):
+            x = torch.randn(shape, generator=g) * scale
+            norm = DiffusionGemmaRMSNorm(shape[-1], eps=1e-6)
+            with torch.no_grad():
+                norm.weight.copy_(1 + 0.5 * torch.randn(shape[-1], generator=g))
+                assert torch.equal(norm(x), F.rms_norm(x, (shape[-1],), norm.weight, 1e-6))
+                bare = DiffusionGemmaRMSNorm(shape[-1], eps=1e-6, with_scale=False)
+                assert torch.equal(bare(x), F.rms_norm(x, (shape[-1],), None, 1e-6))
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_drafter_marginals_lean_equal_plain(steps):
+    """Through Drafter.marginals (batch 1, the prefix cache kept across calls): the same draft distributions."""
+    model = sliding_drafter(5)
+    lean, plain = Drafter(model, "diffusiongemma", V, lean=True), Drafter(model, "diffusiongemma", V, lean=False)
+    assert lean.state.lean is lean.lean_pass and plain.state.lean is None
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(4, V, (1, 14), generator=g)
+    for grow in (0, 3, 1, 10):
+        prefix = torch.cat([prefix, torch.randint(4, V, (1, grow), generator=g)], 1)
+        a = lean.marginals(prefix, 6, steps, generator=torch.Generator().manual_seed(grow))
+        b = plain.marginals(prefix, 6, steps, generator=torch.Generator().manual_seed(grow))
+        assert torch.equal(a.isinf(), b.isinf())
+        close(a[a.isfinite()], b[b.isfinite()])
+    assert lean.lean_pass.checked and lean.lean_pass.usable
+
+
+def test_adapters_and_other_models_take_the_models_forward():
+    from align.distill.lora import add_lora
+
+    wrapped = add_lora(tiny_drafter("diffusiongemma", 0), 4, 8, 0.0, ["q_proj", "k_proj", "v_proj", "o_proj"])
+    assert "peft" in DiffusionGemmaPass.supported(wrapped.base_model.model)
+    assert "not a DiffusionGemma" in DiffusionGemmaPass.supported(tiny_drafter("mdlm", 0))
+    drafter = Drafter(wrapped.base_model.model, "diffusiongemma", VOCAB)
+    assert drafter.lean_pass is None and drafter.state.lean is None
+    assert drafter.marginals(torch.randint(4, VOCAB, (1, 9)), 4).shape == (1, 4, VOCAB)
+
+
+def test_a_lean_pass_that_differs_is_caught_on_its_first_call():
+    """The first lean call is compared with the model's forward: a wrong pass (here: no attention mask, so the
+    prompt's tokens see the ones after them) warns, is switched off, and decoding returns the model's own logits
+    from then on."""
+    model = sliding_drafter(6)
+    drafter, plain = Drafter(model, "diffusiongemma", V), Drafter(model, "diffusiongemma", V, lean=False)
+    drafter.lean_pass._mask = lambda *args: None
+    prefix = torch.randint(4, V, (1, 12))
+    with pytest.warns(RuntimeWarning, match="differs from the model's own forward"):
+        first = drafter.marginals(prefix, 5, generator=torch.Generator().manual_seed(0))
+    assert not drafter.lean_pass.usable
+    close(first, plain.marginals(prefix, 5, generator=torch.Generator().manual_seed(0)))
+    longer = torch.cat([prefix, torch.randint(4, V, (1, 4))], 1)
+    close(drafter.marginals(longer, 5, generator=torch.Generator().manual_seed(1)),
+          plain.marginals(longer, 5, generator=torch.Generator().manual_seed(1)))
+
+
+def test_a_correct_lean_pass_passes_its_check_silently():
+    drafter = Drafter(sliding_drafter(7), "diffusiongemma", V)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        drafter.marginals(torch.randint(4, V, (1, 12)), 5)
+    assert drafter.lean_pass.checked and drafter.lean_pass.usable
+
+
+def test_align_lean_0_selects_the_models_forwards(monkeypatch):
+    monkeypatch.setenv("ALIGN_LEAN", "0")
+    drafter, verifier = Drafter(sliding_drafter(0), "diffusiongemma", V), Verifier(tiny_verifier(0))
+    assert not drafter.lean and drafter.state.lean is None and not verifier.lean
+    monkeypatch.setenv("ALIGN_LEAN", "1")
+    assert Drafter(sliding_drafter(0), "diffusiongemma", V).state.lean is not None and Verifier(tiny_verifier(0)).lean
+
+
+# ------------------------------------------------------------------------------------------------ the verifier
+
+
+def test_verifier_lean_scoring_equals_plain():
+    """One draft, K drafts in a tree, and no draft: the same logits, and the same cache after each commit."""
+    model = tiny_verifier(1)
+    lean, plain = Verifier(model, lean=True), Verifier(model, lean=False)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(4, VOCAB, (11,), generator=g).tolist()
+    for v in (lean, plain):
+        v.start(prompt)
+    for k, gamma, index, accepted in [(1, 5, 0, 2), (3, 4, 1, 4), (1, 0, 0, 0), (2, 6, 0, 0), (1, 3, 0, 3)]:
+        drafts = torch.randint(4, VOCAB, (k, gamma), generator=g)
+        a, b = lean.score(drafts), plain.score(drafts)
+        assert a.shape == b.shape == (k, gamma + 1, VOCAB)
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        token = int(a[index, accepted].argmax())
+        lean.commit(index, accepted, token)
+        plain.commit(index, accepted, token)
+        assert lean.length == plain.length and lean.cached == plain.cached
+        for x, y in zip(lean.cache.layers, plain.cache.layers):
+            torch.testing.assert_close(x.keys, y.keys, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_verifier_alone_is_generate(lean):
+    """The minimal cached loop gives generate's greedy tokens (EOS inside and never reached, a length limit)."""
+    model = tiny_verifier(2)
+    verifier = Verifier(model, lean=lean)
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 7, 30):
+        prompt = torch.randint(4, VOCAB, (int(torch.randint(3, 12, (), generator=g)),), generator=g).tolist()
+        seq = ar_generate(model, prompt, 30, eos_token_ids=[])
+        for eos in ([seq[n // 2]], []):
+            run = verifier_alone(verifier, prompt, n, eos)
+            assert run.tokens == ar_generate(model, prompt, n, eos_token_ids=eos)
+            assert len(run.times) == len(run.tokens) and len(run.step_times) == len(run.tokens) - 1
+            assert run.total_s == pytest.approx(sum(run.times)) and min(run.times) > 0
+
+
+def test_verifier_alone_sampling_is_seeded():
+    verifier = Verifier(tiny_verifier(3))
+    a = verifier_alone(verifier, [5, 6, 7], 20, [], temperature=1.0, seed=4).tokens
+    assert a == verifier_alone(verifier, [5, 6, 7], 20, [], temperature=1.0, seed=4).tokens
+    assert a != verifier_alone(verifier, [5, 6, 7], 20, [], temperature=1.0, seed=5).tokens
+
+
+@pytest.mark.parametrize("make", [lambda: sliding_drafter(8), lambda: replica_drafter(9)], ids=["sliding", "replica"])
+def test_half_precision_keeps_to_the_models_rounding(make):
+    """bfloat16: the lean pass takes two passes (one pass rounds differently, enough to move the router's top-k)
+    and matches the model's forward closely; its first-call check passes."""
+    model = make().to(torch.bfloat16)
+    vocab = model.config.text_config.vocab_size
+    lean, plain = Drafter(model, "diffusiongemma", vocab), Drafter(model, "diffusiongemma", vocab, lean=False)
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(4, vocab, (1, 20), generator=g)
+    for grow in (0, 1, 5, 9):
+        prefix = torch.cat([prefix, torch.randint(4, vocab, (1, grow), generator=g)], 1)
+        a = lean.marginals(prefix, 6, generator=torch.Generator().manual_seed(grow))
+        b = plain.marginals(prefix, 6, generator=torch.Generator().manual_seed(grow))
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-2)
+    assert lean.lean_pass.checked and lean.lean_pass.usable
