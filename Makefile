@@ -45,7 +45,9 @@ zoo: install
 demo: install
 	$(PY) -m align.zoo build tiny-verifier tiny-diffusiongemma
 	$(PY) align/train.py recipes/tiny.yaml
-	$(PY) -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld --gamma 16 --out runs/tiny/eval
+	test -f runs/tiny/ar/meta.json || $(PY) -m align.baseline train --run runs/tiny --out runs/tiny/ar
+	$(PY) -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld --gamma 16 --ar-drafter runs/tiny/ar \
+		--out runs/tiny/eval
 
 # the GPU recipes end to end on random-weight replicas of their models, shrunk to run here (bench/rehearse.py)
 rehearse: install vllm-env
