@@ -138,24 +138,9 @@ def load_ar_drafter(path: str | Path, device: str | torch.device | None = None, 
     """An :class:`ARDrafter` from a folder written by ``python -m align.baseline train`` (or any causal LM).
 
     ``vocab_size`` is the vocabulary shared with the verifier (default: the model's own vocabulary)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from align.loading import load_verifier_model
 
-    from align.loading import DTYPES
-    from align.zoo import resolve
-
-    path = resolve(str(path))
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as error:
-        raise AlignError(f"cannot load the AR drafter from '{path}': it is not a model folder "
-                         f"({str(error).splitlines()[0]})") from None
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
-    except ValueError as error:
-        raise AlignError(f"the AR drafter '{path}' ({config.model_type}) is not a causal language model "
-                         f"({str(error).splitlines()[0]})") from None
-    if device is not None:
-        model.to(device)
+    model, _ = load_verifier_model(str(path), dtype, device, role="AR drafter")
     return ARDrafter(model, vocab_size or model.config.vocab_size)
 
 

@@ -46,18 +46,20 @@ def load_tokenizer(path: str, role: str, trust_remote_code: bool = False) -> Any
         raise AlignError(f"cannot load the {role}'s tokenizer from '{path}' ({str(error).splitlines()[0]})") from None
 
 
-def load_verifier_model(path: str, dtype: str = "float32", device: str | None = None) -> tuple[Any, Any]:
-    """(causal LM, tokenizer) from ``path``, on ``device`` (None: where ``from_pretrained`` puts it)."""
+def load_verifier_model(path: str, dtype: str = "float32", device: str | None = None,
+                        role: str = "verifier") -> tuple[Any, Any]:
+    """(causal LM, tokenizer) from ``path``, on ``device`` (None: where ``from_pretrained`` puts it); ``role`` names
+    it in errors (the verifier, or an autoregressive drafter)."""
     path = resolve(path)
-    config = _config(path, "verifier")
+    config = _config(path, role)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     except ValueError as error:
-        raise AlignError(f"the verifier '{path}' ({config.model_type}) is not a causal language model "
+        raise AlignError(f"the {role} '{path}' ({config.model_type}) is not a causal language model "
                          f"({str(error).splitlines()[0]})") from None
     if device is not None:
         model.to(device)
-    return model.eval(), load_tokenizer(path, "verifier")
+    return model.eval(), load_tokenizer(path, role)
 
 
 def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_remote_code: bool = False,
