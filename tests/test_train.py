@@ -17,7 +17,12 @@ from safetensors.torch import load_file
 from align.errors import AlignError
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+def env() -> dict[str, str]:
+    """The environment of a subprocess run: read at call time (after the fixtures set ALIGN_CACHE), without the
+    process-group variables an in-process run left behind (its MASTER_PORT may still be bound)."""
+    launcher = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    return {**{k: v for k, v in os.environ.items() if k not in launcher}, "DS_ACCELERATOR": "cpu",
+            "OMP_NUM_THREADS": "1"}
 
 
 def overrides(model_dirs, prompts, out, family="diffusiongemma", **extra) -> list[str]:
@@ -46,7 +51,7 @@ def run_main(args: list[str]) -> int:
 
 def run_cli(args: list[str], launcher: list[str] | None = None, **kwargs) -> subprocess.Popen:
     command = (launcher or [sys.executable]) + [str(ROOT / "align" / "train.py"), "recipes/tiny.yaml", *args]
-    return subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    return subprocess.Popen(command, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             **kwargs)
 
 
@@ -87,7 +92,7 @@ def test_kill_during_training_then_resume_gives_the_same_weights(model_dirs, wor
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert (killed / "checkpoints" / "step-2").is_dir() and not (killed / "final").exists()
+    assert (killed / "checkpoints" / "step-2").is_dir() and not (killed / "final").exists(), proc.stdout.read()[-3000:]
     resumed = run_cli(overrides(out=killed, **args, **{"train.max_steps": 6}))
     log, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, log
@@ -109,7 +114,7 @@ def test_kill_during_rollouts_then_resume_loses_and_duplicates_nothing(model_dir
                                   progress=False)
     target = tmp_path / "b"
     cmd = [sys.executable, "-m", "align.rollouts", "recipes/tiny.yaml", *common, f"data.rollouts_dir={target}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline and len(list((target / "chunks").glob("0*"))) < 3:
         time.sleep(0.02)
@@ -117,7 +122,7 @@ def test_kill_during_rollouts_then_resume_loses_and_duplicates_nothing(model_dir
     proc.wait()
     done = len(list((target / "chunks").glob("0*")))
     assert 3 <= done < 12, "the kill should land while rollouts are being made"
-    finished = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    finished = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     again = generate_rollouts(load_recipe("recipes/tiny.yaml", common + [f"data.rollouts_dir={target}"]), progress=False)
     assert again.to_list() == reference.to_list()
@@ -161,7 +166,7 @@ def test_export_cli_matches_the_final_export(model_dirs, world_prompts, tmp_path
     out = tmp_path / "run"
     assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2})) == 0
     result = subprocess.run([sys.executable, "-m", "align.export", str(out / "checkpoints" / "step-2"),
-                             str(tmp_path / "exported")], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+                             str(tmp_path / "exported")], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     a, b = load_file(out / "final" / "model.safetensors"), load_file(tmp_path / "exported" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
