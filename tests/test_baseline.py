@@ -16,6 +16,7 @@ from align.baseline import (ARDrafter, ar_model, diffusion_train_seconds, llama_
 from align.errors import run_cli
 from align.speculative import SpeculativeDecoder
 from align.verifier import Verifier, ar_generate
+from test_sampling import exact_distribution
 
 
 def copy_of(verifier, noise: float = 0.0, seed: int = 0):
@@ -115,17 +116,6 @@ def test_cache_survives_reset_and_unrelated_prefixes():
 V, PROMPT, N_TOKENS = 6, [4, 5, 2], 3
 
 
-@torch.no_grad()
-def exact_distribution(verifier, temperature: float) -> dict[tuple[int, ...], float]:
-    import itertools
-
-    seqs = torch.tensor(list(itertools.product(range(V), repeat=N_TOKENS)))
-    ids = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], dim=1)
-    logp = (verifier(input_ids=ids).logits[:, len(PROMPT) - 1:-1] / temperature).log_softmax(-1)
-    probs = logp.gather(-1, seqs[..., None])[..., 0].sum(-1).exp()
-    return {tuple(s): float(p) for s, p in zip(seqs.tolist(), probs)}
-
-
 def test_sampling_with_its_own_draft_is_lossless_and_accepts_more():
     """With the loop verifying the draft the AR drafter drew (``own_draft``, the proposed speculative.py change),
     sampled output follows the verifier's distribution (exact enumeration, chi-square), and a drafter equal to the
@@ -135,7 +125,7 @@ def test_sampling_with_its_own_draft_is_lossless_and_accepts_more():
     from test_sampling import chi_square_p
 
     verifier = StubCausalLM(V, seed=3)
-    probs = exact_distribution(verifier, 0.8)
+    probs = exact_distribution(verifier, 0.8, PROMPT, V, N_TOKENS)
     n = 2000  # a deliberately wrong q (rows at the wrong temperature) gives p ~ 1e-10 here
     for resample in (False, True):
         drafter = ARDrafter(StubCausalLM(V, seed=4, sharpness=1.0), V, expose_draft=not resample)

@@ -38,10 +38,12 @@ def models(real: bool = False):
 
 
 @torch.no_grad()
-def exact_distribution(verifier, temperature: float) -> dict[tuple[int, ...], float]:
-    seqs = torch.tensor(list(itertools.product(range(V), repeat=N_TOKENS)))
-    ids = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], dim=1)
-    logp = (verifier(input_ids=ids).logits[:, len(PROMPT) - 1:-1] / temperature).log_softmax(-1)
+def exact_distribution(verifier, temperature: float, prompt: list[int] = PROMPT, vocab: int = V,
+                       n_tokens: int = N_TOKENS) -> dict[tuple[int, ...], float]:
+    """The verifier's probability of every continuation of ``n_tokens`` after ``prompt``, by enumeration."""
+    seqs = torch.tensor(list(itertools.product(range(vocab), repeat=n_tokens)))
+    ids = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
+    logp = (verifier(input_ids=ids).logits[:, len(prompt) - 1:-1] / temperature).log_softmax(-1)
     probs = logp.gather(-1, seqs[..., None])[..., 0].sum(-1).exp()
     return {tuple(s): float(p) for s, p in zip(seqs.tolist(), probs)}
 
