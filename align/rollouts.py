@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from align.config import Recipe, load_recipe
 from align.errors import AlignError, run_cli
+from align.locks import discard_partial, exclusive
 from align.prompts import encode_prompt, load_prompts
 from align.verifier import plain_generation, sampling_config
 from align.zoo import cache_dir, resolve
@@ -107,14 +108,17 @@ def generate_rollouts(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=N
         backend = make_backend(recipe, device)
         tokenizer = backend.tokenizer
         for i in tqdm(todo, desc=f"rollouts (shard {shard}/{shards})", disable=not progress, dynamic_ncols=True):
-            ids = [encode_prompt(tokenizer, prompts[j]["prompt"]) for j in chunks[i]]
-            seed = zlib.crc32(f"{recipe.run.seed}/{i}".encode())
-            responses = backend.generate(ids, seed)
-            rows = [{"prompt_id": str(prompts[j]["id"]), "prompt_index": j, "sample": s,
-                     "category": str(prompts[j].get("category", "all")), "prompt_ids": p, "response_ids": r,
-                     "finished": bool(r) and r[-1] in backend.eos}
-                    for j, p, samples in zip(chunks[i], ids, responses) for s, r in enumerate(samples)]
-            _save_chunk(out / CHUNKS, i, rows)
+            with exclusive(out, f"chunk-{i:05d}", f"rollout chunk {i} in {out}"):  # another run may share the cache
+                if (out / CHUNKS / f"{i:05d}").is_dir():
+                    continue
+                ids = [encode_prompt(tokenizer, prompts[j]["prompt"]) for j in chunks[i]]
+                seed = zlib.crc32(f"{recipe.run.seed}/{i}".encode())
+                responses = backend.generate(ids, seed)
+                rows = [{"prompt_id": str(prompts[j]["id"]), "prompt_index": j, "sample": s,
+                         "category": str(prompts[j].get("category", "all")), "prompt_ids": p, "response_ids": r,
+                         "finished": bool(r) and r[-1] in backend.eos}
+                        for j, p, samples in zip(chunks[i], ids, responses) for s, r in enumerate(samples)]
+                _save_chunk(out / CHUNKS, i, rows)
     if barrier is not None:
         barrier()
     done = sum((out / CHUNKS / f"{i:05d}").is_dir() for i in range(len(chunks)))
@@ -122,7 +126,8 @@ def generate_rollouts(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=N
         print(f"shard {shard}/{shards} finished; {len(chunks) - done} chunks are still to come from other shards")
         return None
     if shard == 0 or barrier is None:
-        _merge(out, len(chunks), meta)
+        with exclusive(out, "merge", f"the rollout dataset in {out}"):
+            _merge(out, len(chunks), meta)
     if barrier is not None:
         barrier()
     return load_rollouts(recipe)
@@ -132,7 +137,7 @@ def _save_chunk(folder: Path, index: int, rows: list[dict]) -> None:
     from datasets import Dataset
 
     partial = folder / f".{index:05d}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
+    discard_partial(partial, f"rollout chunk {index}")
     Dataset.from_list(rows).save_to_disk(str(partial))
     partial.rename(folder / f"{index:05d}")
 
@@ -146,7 +151,7 @@ def _merge(out: Path, count: int, meta: dict) -> None:
     dataset = concatenate_datasets(parts)
     dataset.info.description = json.dumps(meta)
     partial = out / f".{DATASET}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
+    discard_partial(partial, "the merged rollout dataset")
     dataset.save_to_disk(str(partial))
     shutil.rmtree(out / DATASET, ignore_errors=True)
     partial.rename(out / DATASET)

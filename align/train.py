@@ -37,6 +37,7 @@ from align.distill.windows import make_windows, window_index
 from align.errors import AlignError, run_cli
 from align.distill.lora import add_lora
 from align.export import export_checkpoint
+from align.locks import hold_folder
 from align.loading import default_device, load_drafter_model, load_tokenizer, load_verifier_model, shared_vocab_size
 from align.metrics import expected_streak
 from align.rollouts import generate_rollouts, rollout_meta
@@ -63,6 +64,7 @@ def main(argv: list[str]) -> int:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     check_run_folder(out, recipe)
+    claim = hold_folder(out, "a training run") if lead else None  # held until main returns: one run per folder
 
     # ----------------------------------------------------------------------------------------- rollouts -> windows
     d = recipe.drafter

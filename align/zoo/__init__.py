@@ -49,7 +49,7 @@ def resolve(path: str) -> str:
     name = path[len("zoo:"):]
     if name not in MODELS:
         raise AlignError(f"unknown zoo model '{name}'; the tiny zoo has: {', '.join(MODELS)}")
-    if not is_built(name):
+    if not is_built(name):  # build() takes the cache's lock and builds only what is still missing then
         from align.zoo.build import build
 
         print(f"zoo:{name} is not built yet: building it into {model_dir(name)}", flush=True)

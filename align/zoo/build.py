@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
+from align.locks import discard_partial, exclusive
 from align.prompts import encode_prompt
 from align.tinyworld.corpus import read_jsonl, write_world
 from align.tinyworld.tokenizer import train_tokenizer
-from align.zoo import DEFAULT_BUILD, MODELS, is_built, model_dir, world_dir
+from align.zoo import DEFAULT_BUILD, MODELS, cache_dir, is_built, model_dir, world_dir
 from align.zoo.models import BOS, EOS, PAD, diffusiongemma_model, mdlm_model, verifier_model
 from align.zoo.replicas import REPLICAS, build_replica
 from align.zoo.pretrain import Doc, pretrain_drafter, pretrain_verifier
@@ -48,15 +49,21 @@ def tokenizer_dir() -> Path:
 
 
 def ensure_world(spec: ZooSpec) -> None:
-    """Write the tiny world and train its tokenizer, unless they exist already."""
+    """Write the tiny world and train its tokenizer, unless they exist already (one process at a time)."""
+    with exclusive(cache_dir(), "tinyworld", "the tiny world and its tokenizer"):
+        _ensure_world(spec)
+
+
+def _ensure_world(spec: ZooSpec) -> None:
     if not (world_dir() / "world.json").is_file():
         print(f"writing the tiny world into {world_dir()}", flush=True)
-        shutil.rmtree(world_dir().with_name(world_dir().name + ".partial"), ignore_errors=True)
+        discard_partial(world_dir().with_name(world_dir().name + ".partial"), "the tiny world")
         write_world(world_dir(), spec.docs_per_kind, spec.test_per_kind, spec.seed)
     if not (tokenizer_dir() / "tokenizer.json").is_file():
         docs = read_jsonl(world_dir() / "train_docs.jsonl")
         tokenizer = train_tokenizer([d["prompt"] for d in docs] + [d["response"] for d in docs], spec.vocab_size)
         partial = tokenizer_dir().with_name("tokenizer.partial")
+        discard_partial(partial, "the tokenizer")
         tokenizer.save_pretrained(str(partial))
         partial.rename(tokenizer_dir())
         print(f"trained a {len(tokenizer)}-entry tokenizer into {tokenizer_dir()}", flush=True)
@@ -73,7 +80,13 @@ def tokenized_docs(tokenizer) -> list[Doc]:
 
 
 def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bool = False) -> list[str]:
-    """Build the named zoo models (default: all) that are not built yet; returns the names built."""
+    """Build the named zoo models (default: all) that are not built yet; returns the names built. One process
+    builds at a time (a lock in the cache): the others wait and then find the models built."""
+    with exclusive(cache_dir(), "zoo", "the tiny zoo"):
+        return _build(names, spec, force)
+
+
+def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[str]:
     spec = spec or ZooSpec()
     names = [n for n in MODELS if n in (names or DEFAULT_BUILD)]
     ensure_world(spec)
@@ -120,7 +133,7 @@ def _save(name: str, model: torch.nn.Module, tokenizer, meta: dict, code: list[P
     """Save model, tokenizer, the model's own code files and zoo.json under a temporary name, then rename."""
     out = model_dir(name)
     partial = out.with_name(name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    discard_partial(partial, f"zoo:{name}")
     model.save_pretrained(str(partial))
     tokenizer.save_pretrained(str(partial))
     for file in code:
