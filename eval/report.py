@@ -50,6 +50,26 @@ def summary_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def cost_table(results: list[dict[str, Any]]) -> str:
+    """Where a block's time goes, in steps of the verifier-alone loop (1 step = 1 / its tokens/s), and the cost
+    model's speedup beside the measured one:
+
+        cost = c_draft + c_verify + c_loop   (per block, in verifier-alone steps)     speedup ≈ τ / cost
+
+    ``bound``: τ / c_verify, the speedup if drafting and the loop were free."""
+    lines = ["| setting | drafter | block (ms) | drafter pass (ms) | verifier pass (ms) | block cost (verifier-alone "
+             "steps) | cost model τ / cost | measured speedup | bound τ / c_verify |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (setting_name(r), r["label"])):
+        if not r.get("n_blocks") or not r.get("ar_tokens_per_s"):
+            continue
+        step_ms = 1000.0 / r["ar_tokens_per_s"]
+        block, draft, verify = (1000.0 * r[k] / r["n_blocks"] for k in ("total_s", "drafter_s", "verifier_s"))
+        lines.append(f"| {setting_name(r)} | {r['label']} | {block:.2f} | {draft:.2f} | {verify:.2f} | "
+                     f"{block / step_ms:.2f} | {r['tau'] * step_ms / block:.2f} | {r['speedup']:.2f} | "
+                     f"{r['tau'] * step_ms / verify:.2f} |")
+    return "\n".join(lines)
+
+
 def _main(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The main setting's result for each label."""
     first = results[0]
@@ -208,6 +228,10 @@ def write_report(document: dict[str, Any], out: Path) -> list[Path]:
                 "than the minimal loop, and `speedup vs generate` then flatters.",
                 "",
                 "## Summary", "", summary_table(results), "",
+                "## Cost of a block", "", "Mean wall time per block (speculative loop) split into the drafter's "
+                "pass and the verifier's scoring pass, and the block's cost in steps of the verifier-alone loop; the "
+                "cost model's speedup τ / cost should match the measured one, and τ / c_verify bounds what a free "
+                "drafter would give.", "", cost_table(results), "",
                 f"## Per category ({setting_name(main['aligned'])})", "", category_table(main), "",
                 "![accepted by category](per_category.png)", "", "## Per block position", "",
                 "![acceptance by position](per_position.png)", ""]

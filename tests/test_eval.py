@@ -115,3 +115,14 @@ def test_bad_input_is_one_line_and_nonzero(exported, model_dirs, world_prompts, 
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.startswith("error: ") and "--verifier" in result.stderr
+
+
+def test_cost_table_puts_a_block_in_verifier_alone_steps():
+    from eval.report import cost_table
+
+    r = {"gamma": 16, "steps": 1, "temperature": 0.0, "k": 1, "label": "aligned", "n_blocks": 10, "tau": 3.0,
+         "total_s": 0.12, "drafter_s": 0.04, "verifier_s": 0.07, "ar_tokens_per_s": 250.0, "speedup": 0.98}
+    row = cost_table([r]).splitlines()[-1]
+    # a step of the verifier alone is 4 ms: a 12 ms block costs 3 steps; τ / cost = 1.00; bound 3 × 4 / 7 = 1.71
+    assert row.endswith("| aligned | 12.00 | 4.00 | 7.00 | 3.00 | 1.00 | 0.98 | 1.71 |"), row
+    assert len(cost_table([{**r, "n_blocks": 0}]).splitlines()) == 2  # nothing decoded: no row
