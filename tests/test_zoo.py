@@ -21,7 +21,7 @@ def mini_cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def test_a_miniature_zoo_builds_saves_and_loads(mini_cache):
+def test_a_miniature_zoo_builds_saves_and_loads(mini_cache, capsys):
     from align.loading import load_pair
     from align.prompts import encode_prompt
     from align.speculative import SpeculativeDecoder
@@ -45,6 +45,11 @@ def test_a_miniature_zoo_builds_saves_and_loads(mini_cache):
     world = mini_cache / "tinyworld"
     assert {p.name for p in world.iterdir()} >= {"train_docs.jsonl", "train_prompts.jsonl", "test_prompts.jsonl",
                                                  "probe.jsonl", "world.json"}
+    # a model built with other settings than the build's is rebuilt (and only that one)
+    changed = dict(MINI, drafters={**MINI["drafters"], "tiny-mdlm": {**MINI["drafters"]["tiny-mdlm"], "steps": 4}})
+    assert build(spec=ZooSpec(**changed)) == ["tiny-mdlm"]
+    assert "zoo:tiny-mdlm was built with other settings (" in capsys.readouterr().out
+    assert json.loads((model_dir("tiny-mdlm") / "zoo.json").read_text())["spec"]["drafters"]["tiny-mdlm"]["steps"] == 4
 
 
 def test_saved_models_reload_to_the_same_outputs(tmp_path):

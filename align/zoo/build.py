@@ -37,9 +37,9 @@ class ZooSpec:
     batch_size: int = 32
     lr: float = 2e-3
     replica_scale: str = "cpu"  # sizes of the random-weight replicas (align/zoo/replicas.py SCALES)
-    verifier: dict = field(default_factory=lambda: {"hidden": 256, "layers": 4, "heads": 4, "steps": 1400})
+    verifier: dict = field(default_factory=lambda: {"hidden": 256, "layers": 4, "heads": 4, "steps": 1200})
     drafters: dict = field(default_factory=lambda: {
-        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 400, "offsets": 8},
+        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 400, "offsets": 2, "sliding": 2},
         "tiny-mdlm": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1800},
     })
 
@@ -96,7 +96,10 @@ def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[s
     built = []
     for name in names:
         if is_built(name) and not force:
-            continue
+            changed = _stale(name, spec)
+            if changed is None:
+                continue
+            print(f"zoo:{name} was built with other settings ({changed}): rebuilding it", flush=True)
         start = time.time()
         if name in REPLICAS:  # random weights: nothing to train
             model, replica_tokenizer, code = build_replica(name, tokenizer, spec.replica_scale, spec.seed)
@@ -117,7 +120,8 @@ def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[s
             d = spec.drafters[name]
             family = "diffusiongemma" if name == "tiny-diffusiongemma" else "mdlm"
             maker = diffusiongemma_model if family == "diffusiongemma" else mdlm_model
-            model = maker(vocab, d["hidden"], d["layers"], d["heads"], seed=spec.seed)
+            extra = {"sliding": d["sliding"]} if "sliding" in d else {}
+            model = maker(vocab, d["hidden"], d["layers"], d["heads"], seed=spec.seed, **extra)
             losses = pretrain_drafter(model, family, docs, d["steps"], tokenizer.mask_token_id, vocab,
                                       spec.batch_size, spec.lr, spec.seed, desc=name, offsets=d.get("offsets", 1))
         _save(name, model, tokenizer, {
@@ -127,6 +131,21 @@ def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[s
         })
         built.append(name)
     return built
+
+
+def _stale(name: str, spec: ZooSpec) -> str | None:
+    """What differs between the settings zoo:NAME was built with and ``spec`` (None: nothing that shapes it)."""
+    meta = json.loads((model_dir(name) / "zoo.json").read_text())
+    if name in REPLICAS:
+        return None if meta.get("scale") == spec.replica_scale else f"scale {meta.get('scale')} -> {spec.replica_scale}"
+    old, new = meta.get("spec", {}), dataclasses.asdict(spec)
+    own = "verifier" if name == "tiny-verifier" else "drafters"
+    before = old.get(own, {}) if own == "verifier" else old.get(own, {}).get(name)
+    after = new[own] if own == "verifier" else new[own].get(name)
+    if before != after:
+        return f"{before} -> {after}"
+    shared = ("seed", "docs_per_kind", "test_per_kind", "vocab_size", "batch_size", "lr")
+    return next((f"{k} {old.get(k)} -> {new[k]}" for k in shared if old.get(k) != new[k]), None)
 
 
 def _save(name: str, model: torch.nn.Module, tokenizer, meta: dict, code: list[Path] = ()) -> None:

@@ -34,15 +34,21 @@ def verifier_model(vocab_size: int, hidden: int = 256, layers: int = 4, heads: i
 
 
 def diffusiongemma_model(vocab_size: int, hidden: int = 128, layers: int = 3, heads: int = 4, experts: int = 4,
-                         max_len: int = 512, seed: int = 0) -> DiffusionGemmaForBlockDiffusion:
-    """A text-only DiffusionGemma block-diffusion drafter (uniform-noise canvas); its vision tower is a stub."""
+                         max_len: int = 512, seed: int = 0, sliding: int = 0) -> DiffusionGemmaForBlockDiffusion:
+    """A text-only DiffusionGemma block-diffusion drafter (uniform-noise canvas); its vision tower is a stub.
+
+    ``sliding``: the first layers that are sliding-window layers, as in the real model (its pattern is sliding
+    layers then a full one). Their window is ``max_len``, so they see what a full layer sees, but they rotate every
+    head dimension at θ = 10⁴, where full layers rotate a quarter at θ = 10⁶ (Gemma 4's proportional RoPE): the
+    canvas positions tell the block's first token from its sixteenth more sharply."""
     torch.manual_seed(seed)
     head_dim = hidden // heads
     text = dict(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=head_dim,
         global_head_dim=head_dim, num_experts=experts, top_k_experts=2, moe_intermediate_size=hidden,
-        max_position_embeddings=max_len, sliding_window=max_len, layer_types=["full_attention"] * layers,
+        max_position_embeddings=max_len, sliding_window=max_len,
+        layer_types=["sliding_attention"] * min(sliding, layers) + ["full_attention"] * max(0, layers - sliding),
         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
     )
     vision = dict(model_type="gemma4_vision", hidden_size=8, intermediate_size=16, num_hidden_layers=1,
