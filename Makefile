@@ -13,7 +13,7 @@ ifeq ($(HAS_GPU),)
 export DS_ACCELERATOR := cpu
 endif
 
-.PHONY: install demo test vllm-env zoo rehearse gpu-check clean
+.PHONY: install demo test test-faults vllm-env zoo rehearse gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ rehearse: install vllm-env
 
 test: install vllm-env
 	$(PY) -m pytest -q -n 2 tests
+
+# the fault suite: kill -9 at random moments of training, export and evaluation, 5 trials each, and its table
+test-faults: install
+	ALIGN_FAULT_TRIALS=$${ALIGN_FAULT_TRIALS:-5} $(PY) -m pytest -q -s -p no:xdist tests/test_faults.py
 
 clean:
 	rm -rf runs wandb .pytest_cache

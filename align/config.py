@@ -223,7 +223,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise RecipeError(f"recipe not found: {path} (pass the path of a YAML file such as recipes/tiny.yaml)")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise RecipeError(f"recipe {path} is not UTF-8 text (byte {error.start + 1}); save it as UTF-8 YAML") from None
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""

@@ -13,7 +13,11 @@ from collections.abc import Callable
 
 
 class AlignError(Exception):
-    """A problem with the user's input: the message names the problem and the fix."""
+    """A problem with the user's input: the message names the problem and the fix, on one line (line breaks that
+    come with the user's own text are shown escaped, as ``\\n``)."""
+
+    def __init__(self, message: str = "", *args):
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"), *args)
 
 
 def quiet_libraries() -> None:

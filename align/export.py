@@ -24,6 +24,7 @@ from align.config import build_recipe, save_recipe
 from align.distill.backend import full_state_dict
 from align.distill.lora import merge_lora, update_kept
 from align.errors import AlignError, run_cli
+from align.locks import discard_partial
 from align.loading import DTYPES, load_drafter_model
 
 
@@ -49,7 +50,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
               "(export in float32 to keep all of it)", flush=True)
     model.to(DTYPES[dtype])
     partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    discard_partial(partial, f"the export into {out}")
     model.save_pretrained(str(partial), safe_serialization=True)
     tokenizer.save_pretrained(str(partial))
     save_recipe(recipe, partial / "recipe.yaml")
@@ -61,8 +62,12 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         "align_version": align.__version__, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     (partial / "meta.json").write_text(json.dumps(meta, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
+    old = out.with_name(out.name + ".old")  # the previous export stays whole until the new one is in place
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
     partial.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
     return out
 
 

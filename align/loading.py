@@ -53,7 +53,7 @@ def load_verifier_model(path: str, dtype: str = "float32", device: str | None = 
     path = resolve(path)
     config = _config(path, role)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        model = _weights(AutoModelForCausalLM, path, role, dtype=DTYPES[dtype])
     except ValueError as error:
         raise AlignError(f"the {role} '{path}' ({config.model_type}) is not a causal language model "
                          f"({str(error).splitlines()[0]})") from None
@@ -85,13 +85,30 @@ def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_rem
             cls = AutoModelForMaskedLM
         else:
             cls = AutoModel
-        model = cls.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+        model = _weights(cls, path, "drafter", dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     except ValueError as error:
         raise AlignError(f"the drafter '{path}' ({kind}) cannot be loaded as a {family} diffusion model "
                          f"({str(error).splitlines()[0]}); check drafter.path and drafter.family") from None
     if device is not None:
         model.to(device)
     return model.eval(), load_tokenizer(path, "drafter", trust_remote_code)
+
+
+def _weights(cls: Any, path: str, role: str, **kwargs) -> Any:
+    """``cls.from_pretrained(path)``, refusing weights that are unreadable, of other shapes, or missing (which
+    ``from_pretrained`` would fill with random values and a warning)."""
+    from safetensors import SafetensorError
+
+    try:
+        model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
+    except (OSError, RuntimeError, SafetensorError) as error:
+        raise AlignError(f"cannot read the {role}'s weights in '{path}' ({str(error).strip().splitlines()[0][:200]}); "
+                         "the checkpoint is incomplete, corrupt or of another architecture: export or copy it again") from None
+    missing = info.get("missing_keys") or []
+    if missing:
+        raise AlignError(f"the {role}'s weights in '{path}' lack {len(missing)} of the model's tensors (e.g. "
+                         f"{sorted(missing)[0]}); the checkpoint is incomplete: export or copy it again")
+    return model
 
 
 def _causal_types() -> set[str]:

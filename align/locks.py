@@ -58,6 +58,8 @@ def hold_folder(folder: Path, what: str) -> FileLock:
 
     key = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:16]
     path = lock_path(cache_dir(), f"output-{key}")
+    if str(path) in _HELD and _HELD[str(path)].is_locked:  # this process holds it already (an earlier run in it)
+        return _HELD[str(path)]
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path))
     try:
@@ -65,4 +67,8 @@ def hold_folder(folder: Path, what: str) -> FileLock:
     except Timeout:
         raise AlignError(f"another process is writing {what} into {folder} (lock {path}); wait for it to finish "
                          "or choose another output folder") from None
+    _HELD[str(path)] = lock
     return lock
+
+
+_HELD: dict[str, FileLock] = {}  # output folders this process has claimed (until it exits or releases them)

@@ -31,8 +31,13 @@ def jsonl_lines(path: str | Path, expected: str):
     path = Path(path)
     if not path.is_file():
         raise AlignError(f"prompts file not found: {path}")
-    with open(path) as f:
-        for number, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise AlignError(f"{path}:{number}: not UTF-8 text (byte {error.start + 1} of the line); save the file "
+                                 "as UTF-8") from None
             if line.strip():
                 try:
                     yield number, json.loads(line)

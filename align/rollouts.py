@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from align.config import Recipe, load_recipe
 from align.errors import AlignError, run_cli
+from align.files import write_text
 from align.locks import discard_partial, exclusive
 from align.prompts import encode_prompt, load_prompts
 from align.verifier import plain_generation, sampling_config
@@ -97,10 +98,10 @@ def generate_rollouts(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=N
     if is_complete(out):
         return load_rollouts(recipe)
     _check_meta(out, meta)
+    prompts = load_prompts(recipe.data.prompts)[: recipe.data.num_prompts]  # read (and checked) before any write
     (out / CHUNKS).mkdir(parents=True, exist_ok=True)
     if shard == 0 and not (out / META).is_file():
-        (out / META).write_text(json.dumps(meta, indent=1))
-    prompts = load_prompts(recipe.data.prompts)[: recipe.data.num_prompts]
+        write_text(out / META, json.dumps(meta, indent=1))
     size = recipe.data.batch_size
     chunks = [list(range(i, min(len(prompts), i + size))) for i in range(0, len(prompts), size)]
     todo = [i for i in range(len(chunks)) if i % shards == shard and not (out / CHUNKS / f"{i:05d}").is_dir()]

@@ -37,7 +37,8 @@ from align.distill.windows import make_windows, window_index
 from align.errors import AlignError, run_cli
 from align.distill.lora import add_lora
 from align.export import export_checkpoint
-from align.locks import hold_folder
+from align.files import write_text
+from align.locks import discard_partial, hold_folder
 from align.loading import default_device, load_drafter_model, load_tokenizer, load_verifier_model, shared_vocab_size
 from align.metrics import expected_streak
 from align.rollouts import generate_rollouts, rollout_meta
@@ -64,7 +65,8 @@ def main(argv: list[str]) -> int:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     check_run_folder(out, recipe)
-    claim = hold_folder(out, "a training run") if lead else None  # held until main returns: one run per folder
+    if lead:  # one run per output folder: held until this process exits
+        hold_folder(out, "a training run")
 
     # ----------------------------------------------------------------------------------------- rollouts -> windows
     d = recipe.drafter
@@ -130,6 +132,10 @@ def main(argv: list[str]) -> int:
 
     # ----------------------------------------------------------------------------------------- resume
     checkpoints = out / "checkpoints"
+    if lead and checkpoints.is_dir():  # a save that a crash cut short: never resumed from, removed with a notice
+        for partial in sorted(checkpoints.glob(".step-*.partial")):
+            discard_partial(partial, f"checkpoint {partial.name[1:-len('.partial')]}")
+    barrier()
     state = {"step": 0, "heldout": {}, "data_fingerprint": data_fingerprint}
     found = list_checkpoints(checkpoints)
     if found:
@@ -316,7 +322,7 @@ class MetricsLog:
         if path.is_file():
             kept = [line for line in path.read_text().splitlines()
                     if line.strip() and json.loads(line)["step"] <= resumed_step]
-            path.write_text("".join(line + "\n" for line in kept))
+            write_text(path, "".join(line + "\n" for line in kept))
         if recipe.log.wandb:
             import wandb
 

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 import align
 from align.config import SelectionConfig, build_recipe
 from align.errors import AlignError, run_cli
+from align.files import write_text
 from align.loading import default_device, infer_family, load_drafter_model, load_verifier_model, shared_vocab_size
 from align.lossless import lossless_counts
 from align.metrics import now
@@ -145,6 +146,10 @@ def main(argv: list[str]) -> int:
     # Verifier path speculative decoding uses (prompt pass, then one token per step). Hugging Face generate: its
     # outputs for the lossless check, its tokens/s reported beside.
     verifier = Verifier(verifier_model)
+    for p, ids in zip(prompts, encoded):  # before any decoding: a prompt the verifier cannot read at all
+        if verifier.max_length is not None and len(ids) >= verifier.max_length:
+            raise AlignError(f"prompt {p['id']} has {len(ids)} tokens, no fewer than the verifier's context of "
+                             f"{verifier.max_length}; shorten it or leave it out of the prompts file")
     ar_generate(verifier_model, encoded[0], args.max_new_tokens, 0.0, eos)  # warm-ups, untimed
     verifier_alone(verifier, encoded[0], args.max_new_tokens, eos)
     reference: dict[tuple[float, int], tuple[list[list[int]], float]] = {}
@@ -218,10 +223,9 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     document = {"environment": environment(args.dtype, device), "suite": suite, "n_prompts": len(prompts),
                 "max_new_tokens": args.max_new_tokens, "results": results}
-    (out / "acceptance.json").write_text(json.dumps(document, indent=1))
+    write_text(out / "acceptance.json", json.dumps(document, indent=1))  # atomically: a kill leaves the old one
     if args.save_outputs:
-        with open(out / "outputs.jsonl", "w") as f:
-            f.writelines(json.dumps(row) + "\n" for row in saved)
+        write_text(out / "outputs.jsonl", "".join(json.dumps(row) + "\n" for row in saved))
     from eval.report import summary_table, write_report
 
     write_report(document, out)

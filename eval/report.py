@@ -15,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from align.files import atomic_path, write_text  # noqa: E402
+
 COLORS = {"baseline": "#9a9a9a", "aligned": "#1f6fb4", "ar": "#d62728"}
 
 
@@ -131,7 +133,7 @@ def plot_per_position(main: dict[str, dict[str, Any]], path: Path) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -151,7 +153,7 @@ def plot_per_category(main: dict[str, dict[str, Any]], path: Path) -> None:
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -174,7 +176,7 @@ def plot_gamma(results: list[dict[str, Any]], path: Path) -> None:
         ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -200,8 +202,14 @@ def plot_k(results: list[dict[str, Any]], path: Path) -> None:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
+
+
+def _save(fig, path: Path) -> None:
+    """Save a figure as PNG under a temporary name, then rename it (a kill never leaves half a plot)."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
 
 
 def write_report(document: dict[str, Any], out: Path) -> list[Path]:
@@ -248,5 +256,5 @@ def write_report(document: dict[str, Any], out: Path) -> list[Path]:
 
         prompts = {p["id"]: p["prompt"] for p in load_suite(document["suite"])}
         sections += ["## Per prompt (the probe's format)", "", probe_table(main, prompts), ""]
-    (out / "report.md").write_text("\n".join(sections))
+    write_text(out / "report.md", "\n".join(sections))
     return [out / "report.md", *written]

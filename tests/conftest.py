@@ -106,3 +106,16 @@ def align_cache(tmp_path_factory):
     path = tmp_path_factory.mktemp("cache")
     os.environ["ALIGN_CACHE"] = str(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def exported(model_dirs, tmp_path_factory):
+    """A drafter folder laid out like an export: weights, tokenizer and a meta.json naming verifier and base."""
+    import json
+    import shutil
+
+    path = tmp_path_factory.mktemp("exported") / "final"
+    shutil.copytree(model_dirs["mdlm"], path)
+    (path / "meta.json").write_text(json.dumps({"verifier": str(model_dirs["verifier"]), "family": "mdlm",
+                                                "base_drafter": str(model_dirs["mdlm"])}))
+    return path

@@ -20,16 +20,6 @@ FIELDS = {"label", "drafter", "verifier", "suite", "gamma", "steps", "temperatur
           "entropy_acceptance_spearman", "per_prompt"}
 
 
-@pytest.fixture(scope="module")
-def exported(model_dirs, tmp_path_factory):
-    """A drafter folder laid out like an export: weights, tokenizer and a meta.json naming verifier and base."""
-    path = tmp_path_factory.mktemp("exported") / "final"
-    shutil.copytree(model_dirs["mdlm"], path)
-    (path / "meta.json").write_text(json.dumps({"verifier": str(model_dirs["verifier"]), "family": "mdlm",
-                                                "base_drafter": str(model_dirs["mdlm"])}))
-    return path
-
-
 def evaluate(args: list[str]) -> int:
     from eval.acceptance import main
 

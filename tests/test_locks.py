@@ -56,12 +56,23 @@ def test_a_crashed_builders_leftovers_are_discarded_with_a_notice(fresh_cache, c
 
 def test_a_second_writer_of_an_output_folder_is_refused_until_the_first_is_done(fresh_cache, tmp_path):
     out = tmp_path / "runs" / "tiny"
-    first = hold_folder(out, "a training run")
-    with pytest.raises(AlignError, match="another process is writing a training run into .*runs/tiny .lock .*choose another output folder"):
-        hold_folder(tmp_path / "runs" / ".." / "runs" / "tiny", "a training run")  # the same folder, spelled otherwise
-    hold_folder(tmp_path / "runs" / "other", "a training run").release()  # other folders are free
-    first.release()
-    hold_folder(out, "a training run").release()
+    other = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from align.locks import hold_folder\n"
+        "lock = hold_folder(Path(sys.argv[1]), 'a training run'); print('held', flush=True); time.sleep(600)"),
+        str(tmp_path / "runs" / ".." / "runs" / "tiny")], stdout=subprocess.PIPE, text=True,  # spelled otherwise
+        env={**os.environ, "ALIGN_CACHE": str(fresh_cache)})
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(AlignError, match="another process is writing a training run into .*runs/tiny .lock "
+                                             ".*choose another output folder"):
+            hold_folder(out, "a training run")
+        hold_folder(tmp_path / "runs" / "elsewhere", "a training run").release()  # other folders are free
+    finally:
+        other.kill()
+        other.wait(timeout=30)
+    mine = hold_folder(out, "a training run")  # free once the other process is gone
+    assert hold_folder(out, "a training run") is mine  # a process never locks itself out (runs one after another)
+    mine.release()
 
 
 def test_a_waiting_process_gets_the_lock_when_its_holder_dies(fresh_cache):

@@ -37,9 +37,9 @@ class ZooSpec:
     batch_size: int = 32
     lr: float = 2e-3
     replica_scale: str = "cpu"  # sizes of the random-weight replicas (align/zoo/replicas.py SCALES)
-    verifier: dict = field(default_factory=lambda: {"hidden": 256, "layers": 4, "heads": 4, "steps": 1200})
+    verifier: dict = field(default_factory=lambda: {"hidden": 256, "layers": 4, "heads": 4, "steps": 1000})
     drafters: dict = field(default_factory=lambda: {
-        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 400, "offsets": 2, "sliding": 2},
+        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 200, "offsets": 2, "sliding": 2},
         "tiny-mdlm": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1800},
     })
 
@@ -119,9 +119,7 @@ def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[s
         else:
             d = spec.drafters[name]
             family = "diffusiongemma" if name == "tiny-diffusiongemma" else "mdlm"
-            maker = diffusiongemma_model if family == "diffusiongemma" else mdlm_model
-            extra = {"sliding": d["sliding"]} if "sliding" in d else {}
-            model = maker(vocab, d["hidden"], d["layers"], d["heads"], seed=spec.seed, **extra)
+            model = drafter_model(name, spec, vocab)
             losses = pretrain_drafter(model, family, docs, d["steps"], tokenizer.mask_token_id, vocab,
                                       spec.batch_size, spec.lr, spec.seed, desc=name, offsets=d.get("offsets", 1))
         _save(name, model, tokenizer, {
@@ -131,6 +129,15 @@ def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[s
         })
         built.append(name)
     return built
+
+
+def drafter_model(name: str, spec: ZooSpec, vocab: int) -> torch.nn.Module:
+    """The zoo drafter ``name`` as ``spec`` shapes it, with random weights (before pretraining)."""
+    d = spec.drafters[name]
+    if name == "tiny-diffusiongemma":
+        return diffusiongemma_model(vocab, d["hidden"], d["layers"], d["heads"], seed=spec.seed,
+                                    sliding=d.get("sliding", 0))
+    return mdlm_model(vocab, d["hidden"], d["layers"], d["heads"], seed=spec.seed)
 
 
 def _stale(name: str, spec: ZooSpec) -> str | None:

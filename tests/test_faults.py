@@ -1,0 +1,116 @@
+"""Faults: kill -9 at random moments during training (saves included), export and evaluation, then the same command
+again. Each trial must end with a complete, correct result; on CPU with a fixed seed a resumed run's final weights
+equal an uninterrupted run's.
+
+``make test`` runs one trial of each; ``make test-faults`` runs ``ALIGN_FAULT_TRIALS`` (default there: 5) and prints
+the table of outcomes (``-s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from test_train import ROOT, env, overrides, run_main
+
+TRIALS = int(os.environ.get("ALIGN_FAULT_TRIALS", "1"))
+OUTCOMES: list[tuple[str, str, int, str]] = []  # (fault, stage, trial, outcome)
+
+
+def _kill_at_random(cmd: list[str], rng: random.Random, lo: float, hi: float, ready=None) -> str:
+    """Start ``cmd``; once ``ready()`` holds (or at once), kill -9 it after U(lo, hi) seconds. Returns its output."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while ready is not None and not ready() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(rng.uniform(lo, hi))
+    proc.send_signal(signal.SIGKILL)
+    out, _ = proc.communicate()
+    return out
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+@pytest.fixture(scope="module")
+def straight(model_dirs, world_prompts, tmp_path_factory):
+    """The uninterrupted run every killed one must reproduce."""
+    out = tmp_path_factory.mktemp("straight") / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 6, "train.save_every": 1,
+                                                                 "train.keep_checkpoints": 2})) == 0
+    return out
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_kill_during_training_and_its_saves_then_rerun(straight, model_dirs, world_prompts, tmp_path, trial):
+    out = tmp_path / "run"
+    args = overrides(model_dirs, world_prompts, out, **{"train.max_steps": 6, "train.save_every": 1,
+                                                        "train.keep_checkpoints": 2})
+    cmd = [sys.executable, str(ROOT / "align" / "train.py"), "recipes/tiny.yaml", *args]
+    rng = random.Random(trial)
+    saving = lambda: (out / "checkpoints").is_dir() and any((out / "checkpoints").glob(".step-*.partial"))  # noqa: E731
+    _kill_at_random(cmd, rng, 0.0, 0.05 if trial % 2 == 0 else 1.5, ready=saving if trial % 2 == 0 else None)
+    finished = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    assert _same_weights(straight / "final", out / "final")
+    assert not list((out / "checkpoints").glob(".step-*"))  # what the kill left half-written is gone
+    assert json.loads((out / "final" / "meta.json").read_text())["steps"] == 6
+    OUTCOMES.append(("kill -9", "training (saves every step)", trial, "complete and correct"))
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_kill_during_export_then_rerun(straight, tmp_path, trial):
+    target = tmp_path / "exported"
+    cmd = [sys.executable, "-m", "align.export", str(straight / "checkpoints" / "step-6"), str(target)]
+    _kill_at_random(cmd, random.Random(100 + trial), 0.5, 6.0)
+    assert not target.exists() or (target / "meta.json").is_file()  # absent, or complete (renamed into place)
+    finished = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert _same_weights(straight / "final", target)
+    OUTCOMES.append(("kill -9", "export", trial, "complete and correct"))
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_kill_during_evaluation_then_rerun(exported, world_prompts, tmp_path, trial):
+    out = tmp_path / "eval"
+    cmd = [sys.executable, "-m", "eval.acceptance", "--ckpt", str(exported), "--prompts", str(world_prompts),
+           "--limit", "6", "--gamma", "4", "--max-new-tokens", "16", "--out", str(out)]
+    first = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = json.loads((out / "acceptance.json").read_text())
+    _kill_at_random(cmd, random.Random(200 + trial), 1.0, 12.0)
+    assert json.loads((out / "acceptance.json").read_text())["results"]  # the old report, whole, or a new one
+    again = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = json.loads((out / "acceptance.json").read_text())
+    key = lambda d: [(r["label"], r["accepted_mean"], r["n_blocks"], r["lossless"]) for r in d["results"]]  # noqa: E731
+    assert key(after) == key(before) and not list(out.glob(".*.tmp-*"))
+    OUTCOMES.append(("kill -9", "evaluation", trial, "complete and correct"))
+
+
+def test_zz_fault_table(capsys):
+    """The table ``make test-faults`` prints (runs last in this module)."""
+    if not OUTCOMES:
+        pytest.skip("no fault trial ran in this process")
+    rows = {}
+    for fault, stage, _, outcome in OUTCOMES:
+        rows.setdefault((fault, stage), []).append(outcome)
+    with capsys.disabled():
+        print("\n| fault | stage | trials | complete and correct | clear error | other |\n|---|---|---|---|---|---|")
+        for (fault, stage), outcomes in rows.items():
+            ok = outcomes.count("complete and correct")
+            error = outcomes.count("clear error")
+            print(f"| {fault} | {stage} | {len(outcomes)} | {ok} | {error} | {len(outcomes) - ok - error} |")
+    assert all(o in ("complete and correct", "clear error") for *_, o in OUTCOMES)
