@@ -329,5 +329,9 @@ def _check_recipe(recipe: Recipe) -> None:
         raise RecipeError(f"recipe key data.packing: true needs a causal prefix encoder (diffusiongemma); the "
                           f"{recipe.drafter.family} family re-reads its prefix bidirectionally, so windows cannot "
                           "share it: set data.packing: null (or false; distill.stride subsamples offsets)")
-    if recipe.data.backend == "vllm" and recipe.data.top_p <= 0:
+    if recipe.distill.gamma > recipe.data.max_new_tokens:
+        raise RecipeError(f"recipe key distill.gamma: got {recipe.distill.gamma}, longer than any rollout can be "
+                          f"(data.max_new_tokens is {recipe.data.max_new_tokens}); lower distill.gamma or raise "
+                          "data.max_new_tokens")
+    if recipe.data.top_p <= 0:
         raise RecipeError("recipe key data.top_p: got 0; expected a number > 0")

@@ -94,6 +94,28 @@ def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_rem
     return model.eval(), load_tokenizer(path, "drafter", trust_remote_code)
 
 
+def check_model_folder(path: str, role: str) -> None:
+    """Before anything loads: a local model folder has a config and weights whose headers read (a truncated or
+    half-copied ``*.safetensors`` is named here, not after an hour of other work). Hub names pass through."""
+    folder = Path(resolve(path))
+    if not folder.exists():
+        if path.startswith(("/", ".", "~")) or Path(path).suffix:
+            raise AlignError(f"the {role} folder '{path}' does not exist; check the path")
+        return  # a hub name: from_pretrained resolves it
+    if not (folder / "config.json").is_file():
+        raise AlignError(f"the {role} folder '{path}' has no config.json; it is not a saved model (export or copy "
+                         "it again)")
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                weights.keys()
+        except (SafetensorError, OSError) as error:
+            raise AlignError(f"the {role}'s weights {file} cannot be read ({str(error).strip().splitlines()[0][:160]});"
+                             " the file is truncated or corrupt: export or copy it again") from None
+
+
 def _weights(cls: Any, path: str, role: str, **kwargs) -> Any:
     """``cls.from_pretrained(path)``, refusing weights that are unreadable, of other shapes, or missing (which
     ``from_pretrained`` would fill with random values and a warning)."""

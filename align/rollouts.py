@@ -73,6 +73,12 @@ def load_rollouts(recipe: Recipe):
     missing = {"prompt_ids", "response_ids"} - set(dataset.column_names)
     if missing:
         raise AlignError(f"the rollouts in {out} lack the columns {sorted(missing)}; delete the folder to regenerate")
+    for column in ("prompt_ids", "response_ids"):  # lists of token ids, nothing else
+        feature = dataset.features[column]
+        inner = getattr(feature, "feature", None)
+        if inner is None or not str(getattr(inner, "dtype", "")).startswith(("int", "uint")):
+            raise AlignError(f"the rollouts in {out} hold {column} of type {feature}, not lists of token ids; delete "
+                             "the folder to regenerate them")
     return dataset
 
 

@@ -39,7 +39,8 @@ from align.distill.lora import add_lora
 from align.export import export_checkpoint
 from align.files import write_text
 from align.locks import discard_partial, hold_folder
-from align.loading import default_device, load_drafter_model, load_tokenizer, load_verifier_model, shared_vocab_size
+from align.loading import (check_model_folder, default_device, load_drafter_model, load_tokenizer, load_verifier_model,
+                           shared_vocab_size)
 from align.metrics import expected_streak
 from align.rollouts import generate_rollouts, rollout_meta
 from align.drafter import FAMILIES
@@ -70,6 +71,8 @@ def main(argv: list[str]) -> int:
 
     # ----------------------------------------------------------------------------------------- rollouts -> windows
     d = recipe.drafter
+    check_model_folder(d.path, "drafter")  # before rollouts cost verifier time
+    check_model_folder(recipe.verifier.path, "verifier")
     drafter_tokenizer = load_tokenizer(resolve(d.path), "drafter", d.trust_remote_code)
     verifier_tokenizer = load_tokenizer(resolve(recipe.verifier.path), "verifier")
     vocab = shared_vocab_size(drafter_tokenizer, verifier_tokenizer, d.path, recipe.verifier.path)  # what decoding drafts

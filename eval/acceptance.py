@@ -30,7 +30,8 @@ import align
 from align.config import SelectionConfig, build_recipe
 from align.errors import AlignError, run_cli
 from align.files import write_text
-from align.loading import default_device, infer_family, load_drafter_model, load_verifier_model, shared_vocab_size
+from align.loading import (check_model_folder, default_device, infer_family, load_drafter_model, load_verifier_model,
+                           shared_vocab_size)
 from align.lossless import lossless_counts
 from align.metrics import now
 from align.drafter import Drafter
@@ -102,8 +103,13 @@ def check_args(args: argparse.Namespace) -> None:
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]:
     """(aligned drafter, baseline drafter or None, verifier, family) from the flags and the checkpoint's meta.json."""
     ckpt = resolve(args.ckpt)
+    check_model_folder(args.ckpt, "drafter")
     meta_file = Path(ckpt) / "meta.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    try:
+        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise AlignError(f"{meta_file} is not valid JSON ({error}); export the drafter again, or pass --verifier "
+                         "and --family and move the file away") from None
     verifier = args.verifier or meta.get("verifier")
     if verifier is None:
         raise AlignError(f"{args.ckpt} has no meta.json naming its verifier (it is not an exported align drafter); "
@@ -124,6 +130,9 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]
     args.scorer = args.scorer or [selection.scorer]
     args.candidates = args.candidates or [selection.candidates]
     check_args(args)
+    for path, role in ((verifier, "verifier"), (baseline, "baseline drafter"), (args.ar_drafter, "AR drafter")):
+        if path is not None:
+            check_model_folder(path, role)
     return ckpt, baseline, verifier, family
 
 

@@ -179,7 +179,7 @@ def test_bad_input_is_refused_with_one_line(model_dirs, world_prompts, tmp_path)
     good = overrides(model_dirs, world_prompts, tmp_path / "run")
     cases = [
         (["distill.objective=magic"], "distill.objective"),
-        (["distill.gamma=200"], "longer than every rollout"),
+        (["distill.gamma=200"], "longer than any rollout can be"),
         ([f"drafter.path={model_dirs['verifier']}"], "is a llama model, not a DiffusionGemma"),
         ([f"drafter.path={model_dirs['verifier']}", "drafter.family=mdlm"], "causal language model.*not a diffusion"),
     ]
