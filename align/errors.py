@@ -7,6 +7,7 @@ status 2, with no traceback unless ``--debug`` is given or ``ALIGN_DEBUG=1`` is 
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -48,9 +49,32 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     except AlignError as error:
         if debug:
             raise
+        _close_progress_bars()
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except OSError as error:
+        if debug or error.errno not in DISK_FULL:
+            raise
+        _close_progress_bars()
+        where = f" writing {error.filename}" if error.filename else ""
+        print(f"error: no room on the disk{where} ({os.strerror(error.errno)}); free space and run the same command "
+              "again: what was written completely is kept (checkpoints, rollout chunks) and the rest is redone",
+              file=sys.stderr)
+        sys.exit(2)
     sys.exit(code or 0)
+
+
+DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # no space, file over the size limit, quota exceeded
+
+
+def _close_progress_bars() -> None:
+    """End any progress bar still drawn, so that the error starts a line of its own."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - a dependency
+        return
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()

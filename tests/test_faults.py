@@ -114,3 +114,29 @@ def test_zz_fault_table(capsys):
             error = outcomes.count("clear error")
             print(f"| {fault} | {stage} | {len(outcomes)} | {ok} | {error} | {len(outcomes) - ok - error} |")
     assert all(o in ("complete and correct", "clear error") for *_, o in OUTCOMES)
+
+
+def test_a_full_disk_during_a_save_is_one_line_then_a_rerun_completes(straight, model_dirs, world_prompts, tmp_path):
+    """A file-size limit (RLIMIT_FSIZE) stands in for a full disk: the first checkpoint's files do not fit."""
+    import resource
+
+    out = tmp_path / "run"
+    args = overrides(model_dirs, world_prompts, out, **{"train.max_steps": 6, "train.save_every": 1,
+                                                        "train.keep_checkpoints": 2})
+    cmd = [sys.executable, str(ROOT / "align" / "train.py"), "recipes/tiny.yaml", *args]
+    limit = 64 * 1024  # bytes per file: the rollouts and logs fit, a checkpoint's optimizer state does not
+
+    def small_disk():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    full = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600, preexec_fn=small_disk)
+    errors = [line for line in full.stderr.splitlines() if "error" in line]
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    assert len([e for e in errors if e.startswith("error: ")]) == 1, full.stderr[-3000:]
+    line = next(e for e in errors if e.startswith("error: "))
+    assert line.startswith("error: could not write checkpoint step-1") and "free space" in line, line
+    assert not list((out / "checkpoints").glob(".step-*")) and not (out / "final").exists()
+    finished = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert _same_weights(straight / "final", out / "final")
+    OUTCOMES.append(("disk full (file size limit)", "training save", 0, "clear error"))

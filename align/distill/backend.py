@@ -121,10 +121,18 @@ class Engine:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
         _barrier()
-        self.engine.save_checkpoint(str(partial), tag=TAG, client_state={"trainer": state})
+        try:
+            self.engine.save_checkpoint(str(partial), tag=TAG, client_state={"trainer": state})
+            if _rank() == 0:
+                (partial / "trainer_state.json").write_text(json.dumps(state, indent=1))
+        except (OSError, RuntimeError) as error:  # torch.save reports a failed write as a RuntimeError
+            shutil.rmtree(partial, ignore_errors=True)
+            kept = list_checkpoints(checkpoints)
+            raise AlignError(f"could not write checkpoint step-{step} into {checkpoints} (a full disk or a file size "
+                             f"limit? {str(error).strip().splitlines()[0][:160]}); free space and run "
+                             f"again: it resumes from {kept[-1].name if kept else 'the start'}") from None
         _barrier()
         if _rank() == 0:
-            (partial / "trainer_state.json").write_text(json.dumps(state, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             partial.rename(final)
             for old in list_checkpoints(checkpoints)[:-keep]:
