@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ from align.config import build_recipe, save_recipe
 from align.distill.backend import full_state_dict
 from align.distill.lora import merge_lora, update_kept
 from align.errors import AlignError, run_cli
-from align.locks import discard_partial
+from align.files import atomic_folder
 from align.loading import DTYPES, load_drafter_model
 
 
@@ -49,11 +48,6 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         print(f"note: rounded to {dtype}, the merged weights keep {kept:.0%} of the LoRA update "
               "(export in float32 to keep all of it)", flush=True)
     model.to(DTYPES[dtype])
-    partial = out.with_name(out.name + ".partial")
-    discard_partial(partial, f"the export into {out}")
-    model.save_pretrained(str(partial), safe_serialization=True)
-    tokenizer.save_pretrained(str(partial))
-    save_recipe(recipe, partial / "recipe.yaml")
     meta = {
         "base_drafter": recipe.drafter.path, "family": recipe.drafter.family, "verifier": recipe.verifier.path,
         "objective": recipe.distill.objective, "gamma": recipe.distill.gamma,
@@ -61,13 +55,11 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         "data_fingerprint": state.get("data_fingerprint"), "heldout": state.get("heldout", {}),
         "align_version": align.__version__, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    (partial / "meta.json").write_text(json.dumps(meta, indent=1))
-    old = out.with_name(out.name + ".old")  # the previous export stays whole until the new one is in place
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    partial.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    with atomic_folder(out, f"the export into {out}") as partial:  # the previous export stays whole until then
+        model.save_pretrained(str(partial), safe_serialization=True)
+        tokenizer.save_pretrained(str(partial))
+        save_recipe(recipe, partial / "recipe.yaml")
+        (partial / "meta.json").write_text(json.dumps(meta, indent=1))
     return out
 
 

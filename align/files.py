@@ -1,13 +1,15 @@
-"""Writing files so that a crash never leaves a half-written one: write a temporary sibling, then rename it.
+"""Writing files and folders so that a crash never leaves a half-written one: write a temporary sibling, then
+rename it.
 
 ``os.replace`` within one folder is atomic on POSIX file systems: a reader sees the old file or the new one, never a
-mix; a process killed mid-write leaves only a ``.<name>.tmp-<pid>`` sibling, which the next write of that file
-removes.
+mix; a process killed mid-write leaves only a ``.<name>.tmp-<pid>`` file or a ``<name>.partial`` folder, which the
+next write of that file or folder removes (folders with a notice).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -32,3 +34,28 @@ def write_text(path: str | Path, text: str) -> None:
     """``Path(path).write_text(text)``, atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def discard_partial(partial: Path, what: str) -> None:
+    """Remove ``partial``, the leftover of a build that did not finish, telling the user when there was one."""
+    if partial.exists():
+        print(f"discarding {partial}: an unfinished build of {what} (its builder stopped before the end)", flush=True)
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+@contextmanager
+def atomic_folder(out: str | Path, what: str) -> Iterator[Path]:
+    """A fresh ``<out>.partial`` folder to write ``what`` into; when the block ends without error it replaces
+    ``out``, whose previous contents stay whole until the new ones are in place."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    discard_partial(partial, what)
+    partial.mkdir()
+    yield partial
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    partial.rename(out)
+    shutil.rmtree(old, ignore_errors=True)

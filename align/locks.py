@@ -5,14 +5,13 @@ one DeepSpeed run, or two runs started at once on a fresh cache — must not bot
 first takes the lock and builds; the others wait, then find it built. Locks are ``filelock.FileLock`` files under
 ``<cache>/locks/`` (released by the operating system when their holder dies, so a crashed builder never blocks the
 next one); what a crashed builder left half-written is a ``*.partial`` folder the next builder discards with a
-notice.
+notice (``align.files.discard_partial``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -29,24 +28,15 @@ def lock_path(folder: Path, name: str) -> Path:
 def exclusive(folder: Path, name: str, what: str | None = None) -> Iterator[None]:
     """Hold the lock ``name`` of ``folder`` for the block; when another process holds it, say so once and wait."""
     path = lock_path(folder, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
+    lock = _try_lock(path)
+    if lock is None:
         print(f"waiting for another process that is building {what or name} (lock {path})", flush=True)
+        lock = FileLock(str(path))
         lock.acquire()
     try:
         yield
     finally:
         lock.release()
-
-
-def discard_partial(partial: Path, what: str) -> None:
-    """Remove ``partial``, the leftover of a build that did not finish, telling the user when there was one."""
-    if partial.exists():
-        print(f"discarding {partial}: an unfinished build of {what} (its builder stopped before the end)", flush=True)
-        shutil.rmtree(partial, ignore_errors=True)
 
 
 def hold_folder(folder: Path, what: str) -> FileLock:
@@ -60,14 +50,22 @@ def hold_folder(folder: Path, what: str) -> FileLock:
     path = lock_path(cache_dir(), f"output-{key}")
     if str(path) in _HELD and _HELD[str(path)].is_locked:  # this process holds it already (an earlier run in it)
         return _HELD[str(path)]
+    lock = _try_lock(path)
+    if lock is None:
+        raise AlignError(f"another process is writing {what} into {folder} (lock {path}); wait for it to finish "
+                         "or choose another output folder")
+    _HELD[str(path)] = lock
+    return lock
+
+
+def _try_lock(path: Path) -> FileLock | None:
+    """The lock at ``path``, taken without waiting, or None when another process holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path))
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        raise AlignError(f"another process is writing {what} into {folder} (lock {path}); wait for it to finish "
-                         "or choose another output folder") from None
-    _HELD[str(path)] = lock
+        return None
     return lock
 
 

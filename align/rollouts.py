@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 
 from align.config import Recipe, load_recipe
 from align.errors import AlignError, run_cli
-from align.files import write_text
-from align.locks import discard_partial, exclusive
+from align.files import discard_partial, write_text
+from align.locks import exclusive
 from align.prompts import encode_prompt, load_prompts
 from align.verifier import plain_generation, sampling_config
 from align.zoo import cache_dir, resolve

@@ -37,8 +37,8 @@ from align.distill.windows import make_windows, window_index
 from align.errors import AlignError, run_cli
 from align.distill.lora import add_lora
 from align.export import export_checkpoint
-from align.files import write_text
-from align.locks import discard_partial, hold_folder
+from align.files import discard_partial, write_text
+from align.locks import hold_folder
 from align.loading import (check_model_folder, default_device, load_drafter_model, load_tokenizer, load_verifier_model,
                            shared_vocab_size)
 from align.metrics import expected_streak

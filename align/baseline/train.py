@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from align.baseline.drafter import FAMILY
 from align.baseline.model import ar_model, count_parameters, drafter_shape, matched_intermediate
 from align.errors import AlignError
+from align.files import atomic_folder
 
 def read_run(run: Path):
     """The recipe of a training run folder (``align/train.py``'s ``run.output_dir``)."""
@@ -269,17 +269,9 @@ def train(args: argparse.Namespace) -> Path:
 
 def save(model, tokenizer, meta: dict, log: list[dict], out: Path) -> None:
     """Write the drafter into ``out`` atomically: a temporary sibling folder, renamed into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(str(partial), safe_serialization=True)
-    tokenizer.save_pretrained(str(partial))
-    (partial / "meta.json").write_text(json.dumps(meta, indent=1))
-    (partial / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    old = out.with_name(out.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    partial.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    with atomic_folder(out, f"the AR drafter in {out}") as partial:
+        model.save_pretrained(str(partial), safe_serialization=True)
+        tokenizer.save_pretrained(str(partial))
+        (partial / "meta.json").write_text(json.dumps(meta, indent=1))
+        (partial / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
-from align.locks import discard_partial, exclusive
+from align.files import atomic_folder, discard_partial
+from align.locks import exclusive
 from align.prompts import encode_prompt
 from align.tinyworld.corpus import read_jsonl, write_world
 from align.tinyworld.tokenizer import train_tokenizer
@@ -158,15 +159,12 @@ def _stale(name: str, spec: ZooSpec) -> str | None:
 def _save(name: str, model: torch.nn.Module, tokenizer, meta: dict, code: list[Path] = ()) -> None:
     """Save model, tokenizer, the model's own code files and zoo.json under a temporary name, then rename."""
     out = model_dir(name)
-    partial = out.with_name(name + ".partial")
-    discard_partial(partial, f"zoo:{name}")
-    model.save_pretrained(str(partial))
-    tokenizer.save_pretrained(str(partial))
-    for file in code:
-        shutil.copy(file, partial / file.name)
-    (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
+    with atomic_folder(out, f"zoo:{name}") as partial:
+        model.save_pretrained(str(partial))
+        tokenizer.save_pretrained(str(partial))
+        for file in code:
+            shutil.copy(file, partial / file.name)
+        (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
     trained = f", loss {meta['loss_first']:.2f} -> {meta['loss_last']:.2f}" if "loss_first" in meta else ""
     print(f"saved zoo:{name} ({meta['parameters'] / 1e6:.2f}M parameters, {meta['seconds']:.0f} s{trained}) "
           f"into {out}", flush=True)
