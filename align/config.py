@@ -84,11 +84,20 @@ class DataConfig:
 
 @dataclass
 class DistillConfig:
-    objective: str = option("ce", "Training loss (see align/distill/losses.py; ce measured best, README: Benchmarks).",
-                            choices=("streak", "ce_streak", "ce", "kd", "tv"))
+    objective: str = option("ce", "Training loss (align/distill/losses.py; the measured ranking: README, Benchmarks).",
+                            choices=("streak", "ce_streak", "ce", "kd", "tv", "streak_ce", "first_failure", "margin",
+                                     "sampled_streak"))
     gamma: int = option(16, "Block length: canvas positions per window.", min=1, max=256)
     temperature: float = option(1.0, "Deployment temperature applied to the drafter's logits inside q.", min=1e-3)
     ce_weight: float = option(0.0, "Weight of an added plain cross-entropy term (0: the objective alone).", min=0.0)
+    smoothing: float = option(0.5, "λ of streak_ce and margin: weights from s = λ q + (1 - λ) (1: the streak's own).",
+                              min=0.0, max=1.0)
+    after_failure: float = option(0.1, "first_failure: weight of positions after the drafter's first greedy failure.",
+                                  min=0.0, max=1.0)
+    schedule: str = option("constant", "constant: the objective throughout; switch: ce, then the objective; anneal: "
+                           "ce blending linearly into the objective.", choices=("constant", "switch", "anneal"))
+    schedule_fraction: float = option(0.5, "Fraction of train.max_steps before the switch, or over which to anneal.",
+                                      min=0.0, max=1.0)
     stride: int = option(1, "Distance between window offsets within a rollout.", min=1)
 
 
@@ -333,5 +342,8 @@ def _check_recipe(recipe: Recipe) -> None:
         raise RecipeError(f"recipe key distill.gamma: got {recipe.distill.gamma}, longer than any rollout can be "
                           f"(data.max_new_tokens is {recipe.data.max_new_tokens}); lower distill.gamma or raise "
                           "data.max_new_tokens")
+    if recipe.distill.schedule != "constant" and recipe.distill.objective == "ce":
+        raise RecipeError(f"recipe key distill.schedule: {recipe.distill.schedule} moves from ce to the objective, "
+                          "and distill.objective is ce; name another objective or set distill.schedule: constant")
     if recipe.data.top_p <= 0:
         raise RecipeError("recipe key data.top_p: got 0; expected a number > 0")

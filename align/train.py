@@ -19,6 +19,7 @@ if __name__ == "__main__":  # run as a script: import the package, not this fold
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
+import functools
 import json
 import socket
 import time
@@ -31,7 +32,7 @@ from tqdm.auto import tqdm
 
 from align.config import Recipe, build_recipe, load_recipe, packing_on, save_recipe
 from align.distill.backend import Engine, list_checkpoints
-from align.distill.losses import LOSSES, NEEDS_TEACHER, ce_loss
+from align.distill.losses import LOSSES, NEEDS_TEACHER, PER_WINDOW, ce_loss
 from align.distill.packing import make_packed, offsets_per_call, packed_logits, packed_teacher_logits
 from align.distill.windows import make_windows, window_index
 from align.errors import AlignError, run_cli
@@ -118,7 +119,7 @@ def main(argv: list[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         save_recipe(recipe, out / "recipe.yaml")
     engine = Engine(model, recipe, world)
-    loss_fn, temperature = LOSSES[recipe.distill.objective], recipe.distill.temperature
+    loss_fn, temperature = objective_fn(recipe), recipe.distill.temperature
 
     packed = packing_on(recipe)  # training windows share their rollout's encoder pass; evaluation stays per window
 
@@ -188,28 +189,32 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         windows = train_pairs[order.take(step * t.global_batch_size, t.global_batch_size)]
         dens = denominators(windows, lengths, gamma, recipe)  # known from the labels alone, for the whole batch
-        totals = torch.zeros(2, dtype=torch.float64)
+        share = objective_share(recipe, step)  # of the objective; cross-entropy takes the rest, plus ce_weight
+        ce_share = (1.0 - share) + recipe.distill.ce_weight
+        total = torch.zeros(1, dtype=torch.float64)
         for micro in range(accumulation):
             lo = (micro * world + rank) * t.micro_batch_size
             batch = batch_of(windows[lo:lo + t.micro_batch_size], pack=packed)
             logits = forward(batch)
-            target = None
-            if teacher is not None:
-                target = (packed_teacher_logits if packed else teacher_logits)(teacher, batch, vocab)
-            term = loss_fn(logits, batch.labels, temperature, target)
-            loss = term.num / dens[0]
-            if recipe.distill.ce_weight:
-                loss = loss + recipe.distill.ce_weight * ce_loss(logits, batch.labels, temperature).num / dens[1]
+            loss = torch.zeros((), device=logits.device)
+            if share:
+                target = None
+                if teacher is not None:
+                    target = (packed_teacher_logits if packed else teacher_logits)(teacher, batch, vocab)
+                term = loss_fn(logits, batch.labels, temperature, target)
+                loss = loss + share * term.num / dens[0]
+            if ce_share:
+                loss = loss + ce_share * ce_loss(logits, batch.labels, temperature).num / dens[1]
             if not all_finite(loss):
                 raise AlignError(stop_on_nonfinite(checkpoints, step, lead))
             engine.backward(loss * accumulation * world)  # DeepSpeed averages over micro-batches and processes
             engine.step()
-            totals += torch.tensor([float(loss.detach()), float(term.num.detach())], dtype=torch.float64)
-        all_reduce(totals)
+            total += float(loss.detach())
+        all_reduce(total)
         state["step"] = step + 1
         bar.update(1)
         if state["step"] % recipe.log.every == 0 or state["step"] == t.max_steps:
-            record = {"step": state["step"], "split": "train", "loss": float(totals[0]), "lr": engine.lr,
+            record = {"step": state["step"], "split": "train", "loss": float(total[0]), "lr": engine.lr,
                       "windows_per_s": t.global_batch_size / (time.perf_counter() - start)}
             metrics.write(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}")
@@ -297,10 +302,29 @@ def rollout_spans(pairs: torch.Tensor) -> list[tuple[int, int]]:
     return [(start, end - start) for start, end in zip(starts, starts[1:] + [len(rows)])]
 
 
+def objective_fn(recipe: Recipe):
+    """The recipe's loss with its own keys bound: ``fn(logits, labels, temperature, teacher) -> LossTerm``."""
+    d = recipe.distill
+    options = {"streak_ce": {"smoothing": d.smoothing}, "margin": {"smoothing": d.smoothing},
+               "first_failure": {"after_failure": d.after_failure}}.get(d.objective, {})
+    return functools.partial(LOSSES[d.objective], **options)
+
+
+def objective_share(recipe: Recipe, step: int) -> float:
+    """Weight of the objective at ``step`` (cross-entropy gets one minus it): 1 throughout (constant), 0 before
+    schedule_fraction · max_steps then 1 (switch), or rising linearly from 0 to 1 over that span (anneal)."""
+    d, span = recipe.distill, recipe.distill.schedule_fraction * recipe.train.max_steps
+    if d.schedule == "constant" or span <= 0:
+        return 1.0
+    if d.schedule == "switch":
+        return 0.0 if step < span else 1.0
+    return min(1.0, step / span)
+
+
 def denominators(windows: torch.Tensor, lengths: list[int], gamma: int, recipe: Recipe) -> torch.Tensor:
     """(den of the objective, den of cross-entropy) for a whole global batch, from the window lengths alone."""
     valid = torch.tensor([min(gamma, lengths[row] - t) for row, t in windows.tolist()], dtype=torch.float64)
-    per_window = recipe.distill.objective in ("streak", "ce_streak")
+    per_window = recipe.distill.objective in PER_WINDOW
     return torch.stack([torch.tensor(float(len(windows))) if per_window else valid.sum(), valid.sum()]).float()
 
 

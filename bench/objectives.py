@@ -1,15 +1,20 @@
-"""Compare the distillation objectives at the same steps and windows, in two regimes, over seeds.
+"""Rank the distillation objectives at equal compute, each at its own tuned learning rate, over seeds.
 
-    python bench/objectives.py                                  # the full comparison (about 90 minutes on 2 cores)
-    python bench/objectives.py --objectives ce,streak --seeds 0 --steps 200
-    python bench/objectives.py --regimes greedy --objectives streak --extra "distill.temperature=0.5" --tag _tau0.5
-    python bench/objectives.py --regimes greedy --objectives streak,ce --seeds 0 --tag _after_ce300 \
-        --extra "drafter.path=runs/bench/objectives/greedy-ce-s0/final"    # a ce warm-up, then streak (or more ce)
+    python bench/objectives.py                                          # greedy and sampled regimes, recipes/tiny.yaml
+    python bench/objectives.py --recipe recipes/tiny-mdlm.yaml --regimes greedy --objectives ce,streak_ce
+    python bench/objectives.py --objectives ce,margin+ce --lrs 1e-3,2e-3 --seeds 0 --steps 100   # a quick look
 
-regime ``greedy``: greedy verifier rollouts, greedy verification; regime ``sampled``: rollouts sampled at
-temperature 1, sampling verification at temperature 1. Every run trains ``recipes/tiny.yaml`` with the given
-overrides, then ``eval.acceptance`` measures accepted_mean on the tiny world's held-out prompts (γ = 16, T = 1).
-Results go to ``runs/bench/objectives/results.json`` and a Markdown table is printed.
+Protocol. Every run trains the recipe for ``--steps`` optimizer steps on the same windows in the same order (only
+the objective's keys, ``train.lr`` and ``run.seed`` change). Learning rate: seed 0 is trained at every rate in
+``--lrs``; the rate with the best held-out training-window metric (the greedy streak in the greedy regime, E[streak]
+in the sampled one; held-out windows come from training prompts, not the evaluation suite) is kept, and seeds 1..
+are trained at that rate. Each kept run is then decoded by ``eval.acceptance`` on the first ``--limit`` held-out
+prompts of the tiny world (γ 16, T 1, 160 new tokens). Regime ``greedy``: greedy rollouts, greedy verification;
+``sampled``: rollouts at temperature 1, sampling verification at temperature 1.
+
+Results accumulate in ``<out>/results.json`` (a rerun skips what is there) and the Markdown table is printed:
+accepted_mean ± sd over seeds, held-out E[streak] and greedy streak, α_j at j = 1, 4, 8, 16, seconds per step (the
+median over the logged steps after the first, the same loop for every objective).
 """
 
 from __future__ import annotations
@@ -22,9 +27,31 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
-REGIMES = {"greedy": {"rollouts": ["data.temperature=0.0"], "verify": "0"},
-           "sampled": {"rollouts": ["data.temperature=1.0"], "verify": "1"}}
+REGIMES = {"greedy": {"rollouts": ["data.temperature=0.0"], "verify": "0", "select": "greedy_streak"},
+           "sampled": {"rollouts": ["data.temperature=1.0"], "verify": "1", "select": "expected_streak"}}
+# name -> recipe overrides; `X+ce` mixes cross-entropy in at weight 1, `ce-then-X` trains ce for half the steps, then X
+VARIANTS = {
+    "ce": ["distill.objective=ce"],
+    "streak": ["distill.objective=streak"],
+    "ce_streak": ["distill.objective=ce_streak"],
+    "streak_ce": ["distill.objective=streak_ce"],
+    "streak_ce-l1": ["distill.objective=streak_ce", "distill.smoothing=1.0"],
+    "first_failure": ["distill.objective=first_failure"],
+    "margin+ce": ["distill.objective=margin", "distill.ce_weight=1.0"],
+    "ce-then-streak_ce": ["distill.objective=streak_ce", "distill.schedule=switch"],
+    "ce-then-streak": ["distill.objective=streak", "distill.schedule=switch"],
+    "kd": ["distill.objective=kd"],
+    "tv": ["distill.objective=tv"],
+    "sampled_streak": ["distill.objective=sampled_streak"],
+    "sampled_streak+ce": ["distill.objective=sampled_streak", "distill.ce_weight=1.0"],
+    "ce-then-tv": ["distill.objective=tv", "distill.schedule=switch"],
+}
+DEFAULT_OBJECTIVES = {"greedy": "ce,streak,streak_ce,first_failure,margin+ce,ce-then-streak_ce",
+                      "sampled": "ce,tv,kd,sampled_streak,sampled_streak+ce"}
+POSITIONS = (1, 4, 8, 16)
 
 
 def run(command: list[str]) -> None:
@@ -33,74 +60,112 @@ def run(command: list[str]) -> None:
         raise SystemExit(f"failed: {' '.join(command)}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
 
 
-def evaluate(ckpt: str, temperature: str, seed: int, out: Path, limit: int, extra: list[str]) -> dict:
-    run([sys.executable, "-m", "eval.acceptance", "--ckpt", ckpt, "--suite", "tinyworld", "--gamma", "16",
-         "--max-new-tokens", "160", "--temperature", temperature, "--seed", str(seed), "--baseline", "none",
-         "--out", str(out), *(["--limit", str(limit)] if limit else []), *extra])
-    return json.loads((out / "acceptance.json").read_text())["results"][0]
+def train(recipe: str, folder: Path, regime: str, variant: str, lr: float, seed: int, steps: int,
+          extra: list[str]) -> dict:
+    """Train one run (or reuse a finished one); its held-out metrics at the last step and seconds per step."""
+    if not (folder / "final" / "meta.json").is_file():
+        run([sys.executable, "align/train.py", recipe, f"run.output_dir={folder}", f"run.seed={seed}",
+             f"train.lr={lr}", f"train.max_steps={steps}", f"train.save_every={steps}", "train.eval_every=100",
+             "log.every=10", *REGIMES[regime]["rollouts"], *VARIANTS[variant], *extra])
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    heldout = [m for m in metrics if m["split"] == "eval"][-1]
+    batch = yaml.safe_load((folder / "recipe.yaml").read_text())["train"]["global_batch_size"]
+    per_step = [batch / m["windows_per_s"] for m in metrics if m["split"] == "train"][1:]  # the first: warm-up
+    return {"expected_streak": heldout["expected_streak"], "greedy_streak": heldout["greedy_streak"],
+            "s_per_step": statistics.median(per_step) if per_step else None}
+
+
+def decode(ckpt: str, regime: str, seed: int, out: Path, limit: int, extra: list[str]) -> dict:
+    if not (out / "acceptance.json").is_file():
+        run([sys.executable, "-m", "eval.acceptance", "--ckpt", ckpt, "--suite", "tinyworld", "--gamma", "16",
+             "--max-new-tokens", "160", "--temperature", REGIMES[regime]["verify"], "--seed", str(seed),
+             "--baseline", "none", "--out", str(out), *(["--limit", str(limit)] if limit else []), *extra])
+    r = json.loads((out / "acceptance.json").read_text())["results"][0]
+    alpha = r["per_position"]
+    return {"accepted_mean": r["accepted_mean"], "tau": r["tau"],
+            "alpha": {j: alpha[j - 1] if len(alpha) >= j else None for j in POSITIONS},
+            "per_category": r["per_category"]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--objectives", default="streak,ce_streak,ce,kd,tv")
-    p.add_argument("--seeds", default="0,1")
+    p.add_argument("--recipe", default="recipes/tiny.yaml")
     p.add_argument("--regimes", default="greedy,sampled")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--objectives", default=None, help=f"comma list of {', '.join(VARIANTS)} (default per regime: "
+                   f"{DEFAULT_OBJECTIVES})")
+    p.add_argument("--lrs", default="1e-3,2e-3,4e-3", help="learning rates swept on seed 0")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--extra", default="", help="more overrides for every run, space separated")
-    p.add_argument("--tag", default="", help="suffix of the run folders")
-    p.add_argument("--out", default="runs/bench/objectives")
+    p.add_argument("--out", default=None, help="default runs/bench/objectives-<recipe name>")
     p.add_argument("--limit", type=int, default=96, help="held-out prompts per evaluation (0: all)")
     args = p.parse_args()
-    out = ROOT / args.out
+    name = Path(args.recipe).stem
+    out = ROOT / (args.out or f"runs/bench/objectives-{name}")
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    extra = args.extra.split()
+    lrs = [float(x) for x in args.lrs.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
+
+    def save():
+        results_file.write_text(json.dumps(results, indent=1, ensure_ascii=False))
+
     for regime in args.regimes.split(","):
-        spec = REGIMES[regime]
-        key = f"{regime}/unaligned"
-        if key not in results:
-            r = evaluate("zoo:tiny-diffusiongemma", spec["verify"], 0, out / f"{regime}-unaligned",
-                         args.limit, ["--verifier", "zoo:tiny-verifier"])
-            results[key] = {"accepted_mean": r["accepted_mean"], "per_category": r["per_category"]}
-            results_file.write_text(json.dumps(results, indent=1))
-        for objective in args.objectives.split(","):
-            for seed in map(int, args.seeds.split(",")):
-                key = f"{regime}/{objective}{args.tag}/{seed}"
-                if key in results:
+        for variant in (args.objectives or DEFAULT_OBJECTIVES[regime]).split(","):
+            if variant not in VARIANTS:
+                raise SystemExit(f"unknown objective variant {variant!r}; choose from {', '.join(VARIANTS)}")
+            entry = results.setdefault(f"{regime}/{variant}", {"sweep": {}, "seeds": {}})
+            for lr in lrs:  # the learning-rate sweep, seed 0
+                if str(lr) not in entry["sweep"]:
+                    start = time.time()
+                    folder = out / f"{regime}-{variant}-lr{lr:g}-s{seeds[0]}"
+                    entry["sweep"][str(lr)] = {**train(args.recipe, folder, regime, variant, lr, seeds[0],
+                                                       args.steps, extra), "wall_s": time.time() - start}
+                    save()
+                    print(f"{regime} {variant} lr {lr:g}: {entry['sweep'][str(lr)]}", flush=True)
+            metric = REGIMES[regime]["select"]
+            best = max(lrs, key=lambda lr: entry["sweep"][str(lr)][metric])
+            entry["lr"] = best
+            for seed in seeds:
+                if str(seed) in entry["seeds"] and entry["seeds"][str(seed)].get("lr") == best:
                     continue
-                folder = out / f"{regime}-{objective}{args.tag}-s{seed}"
-                start = time.time()
-                run([sys.executable, "align/train.py", "recipes/tiny.yaml", f"run.output_dir={folder}",
-                     f"run.seed={seed}", f"distill.objective={objective}", f"train.max_steps={args.steps}",
-                     f"train.save_every={args.steps}", "train.eval_every=100", *spec["rollouts"],
-                     *args.extra.split()])
-                seconds = time.time() - start
-                metrics = [json.loads(l) for l in (folder / "metrics.jsonl").read_text().splitlines()]
-                heldout = [m for m in metrics if m["split"] == "eval"][-1]
-                r = evaluate(str(folder / "final"), spec["verify"], seed, folder / "eval", args.limit, [])
-                results[key] = {"accepted_mean": r["accepted_mean"], "per_category": r["per_category"],
-                                "expected_streak": heldout["expected_streak"], "greedy_streak": heldout["greedy_streak"],
-                                "train_seconds": seconds}
-                results_file.write_text(json.dumps(results, indent=1))
-                print(key, round(r["accepted_mean"], 3), round(heldout["expected_streak"], 3), flush=True)
-    print(table(results))
+                folder = out / f"{regime}-{variant}-lr{best:g}-s{seed}"
+                trained = train(args.recipe, folder, regime, variant, best, seed, args.steps, extra)
+                decoded = decode(str(folder / "final"), regime, seed, folder / "eval", args.limit, [])
+                entry["seeds"][str(seed)] = {"lr": best, **trained, **decoded}
+                save()
+                print(f"{regime} {variant} lr {best:g} seed {seed}: accepted {decoded['accepted_mean']:.3f}",
+                      flush=True)
+    print(table(results, args.recipe, args.steps))
 
 
-def table(results: dict) -> str:
-    lines = ["| regime | objective | accepted_mean (mean ± sd over seeds) | held-out E[streak] | held-out greedy streak |",
-             "|---|---|---|---|---|"]
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for key, r in results.items():
-        parts = key.split("/")
-        groups.setdefault((parts[0], parts[1]), []).append(r)
-    for (regime, objective), rows in sorted(groups.items()):
-        acc = [r["accepted_mean"] for r in rows]
-        sd = f" ± {statistics.stdev(acc):.2f}" if len(acc) > 1 else ""
-        es = [r["expected_streak"] for r in rows if "expected_streak" in r]
-        gs = [r["greedy_streak"] for r in rows if "greedy_streak" in r]
-        lines.append(f"| {regime} | {objective} | {statistics.fmean(acc):.2f}{sd} (n={len(acc)}) | "
-                     f"{statistics.fmean(es):.2f} | {statistics.fmean(gs):.2f} |" if es else
-                     f"| {regime} | {objective} | {statistics.fmean(acc):.2f} | - | - |")
+def _mean_sd(values: list[float]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    sd = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
+    return f"{statistics.fmean(values):.2f}{sd}"
+
+
+def table(results: dict, recipe: str, steps: int) -> str:
+    lines = [f"{recipe}, {steps} steps per run; mean ± sd over seeds at each objective's best learning rate",
+             "",
+             "| regime | objective | lr (swept) | accepted_mean | seeds | held-out E[streak] | held-out greedy streak | "
+             + " | ".join(f"α_{j}" for j in POSITIONS) + " | s / step |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(POSITIONS) + "---|"]
+    for key, entry in results.items():
+        regime, variant = key.split("/", 1)
+        runs = [r for r in entry["seeds"].values() if r.get("lr") == entry.get("lr")]
+        if not runs:
+            continue
+        swept = ", ".join(f"{float(lr):g}{'*' if float(lr) == entry['lr'] else ''}" for lr in entry["sweep"])
+        alphas = [_mean_sd([r["alpha"][str(j)] if str(j) in r["alpha"] else r["alpha"].get(j) for r in runs])
+                  for j in POSITIONS]
+        lines.append(f"| {regime} | {variant} | {swept} | {_mean_sd([r['accepted_mean'] for r in runs])} | {len(runs)} | "
+                     f"{_mean_sd([r['expected_streak'] for r in runs])} | {_mean_sd([r['greedy_streak'] for r in runs])} | "
+                     + " | ".join(alphas) + f" | {_mean_sd([r['s_per_step'] for r in runs])} |")
     return "\n".join(lines)
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from align.distill.losses import (LOSSES, ce_loss, ce_streak_loss, kd_loss, position_divergence, streak_loss,
+from align.distill.losses import (LOSSES, ce_loss, ce_streak_loss, first_failure_loss, greedy_margin, kd_loss,
+                                  margin_loss, position_divergence, sampled_streak_loss, streak_ce_loss, streak_loss,
                                   token_logprobs, tv_loss)
 
 torch.manual_seed(0)
@@ -100,6 +101,84 @@ def test_ce_streak_weights_are_the_reach_probability():
     expected = -(1 + 0.25 + 0.0625) * torch.log(torch.tensor(0.25, dtype=torch.float64))
     assert torch.allclose(term.num, expected)
     assert torch.allclose(ce_loss(logits, labels).num, -3 * torch.log(torch.tensor(0.25, dtype=torch.float64)))
+
+
+def test_streak_ce_at_lambda_one_points_where_the_streak_points():
+    """λ = 1: the weights are the streak gradient's own, rescaled per window, so per window the two gradients are
+    parallel (positive multiples of each other)."""
+    logits = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 7, (3, 5))
+    labels[1, 3:] = -100
+    (-streak_loss(logits, labels).num).backward()
+    streak_grad = -logits.grad.clone()
+    logits.grad = None
+    streak_ce_loss(logits, labels, smoothing=1.0).num.backward()
+    for w in range(3):
+        a, b = streak_grad[w].flatten(), logits.grad[w].flatten()
+        assert torch.allclose(torch.nn.functional.cosine_similarity(a, b, dim=0), torch.tensor(1.0, dtype=a.dtype))
+        assert float((a * b).sum()) > 0
+
+
+def test_streak_ce_at_lambda_zero_is_position_decayed_cross_entropy():
+    labels = torch.tensor([[1, 2, 3, 0], [1, 2, -100, -100]])
+    logits = torch.zeros(2, 4, 4, dtype=torch.float64)  # q = 1/4 everywhere
+    term = streak_ce_loss(logits, labels, smoothing=0.0)
+    log4 = torch.log(torch.tensor(4.0, dtype=torch.float64))
+    # window 1: w = [4, 3, 2, 1] · 4/10, sum 4; window 2: w = [2, 1] · 2/3, sum 2; every -log q = log 4
+    assert torch.allclose(term.num, 6 * log4) and float(term.den) == 6
+
+
+def test_first_failure_weighs_positions_after_the_first_greedy_miss_by_epsilon():
+    labels = torch.tensor([[1, 2, 3, 0]])
+    logits = torch.zeros(1, 4, 4, dtype=torch.float64)
+    logits[0, 0, 1] = logits[0, 1, 3] = logits[0, 2, 3] = logits[0, 3, 0] = 1.0  # greedy: hit, miss, hit, hit
+    logq = token_logprobs(logits, labels)
+    term = first_failure_loss(logits, labels, after_failure=0.25)
+    assert torch.allclose(term.num, -(logq[0, 0] + logq[0, 1] + 0.25 * (logq[0, 2] + logq[0, 3])))
+    assert float(term.den) == 4
+    perfect = first_failure_loss(certain_logits(labels, 4, 5.0), labels, after_failure=0.0)
+    assert torch.allclose(perfect.num, ce_loss(certain_logits(labels, 4, 5.0), labels).num)
+
+
+def test_greedy_margin_is_positive_exactly_where_greedy_verification_accepts():
+    logits = torch.randn(4, 6, 9, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 9, (4, 6))
+    labels[0, 4:] = -100
+    margin = greedy_margin(logits, labels, 0.5)
+    accepted = logits.argmax(-1) == labels
+    valid = labels >= 0
+    assert torch.equal((margin > 0)[valid], accepted[valid]) and float(margin[~valid].abs().sum()) == 0
+    assert torch.autograd.gradcheck(lambda z: greedy_margin(z, labels, 0.5), (logits,))
+    top2 = logits.detach().topk(2, -1).values
+    assert torch.allclose(greedy_margin(logits, logits.argmax(-1), 1.0), top2[..., 0] - top2[..., 1])
+
+
+def test_margin_loss_reach_weights_and_value():
+    labels = torch.tensor([[0, 0]])
+    logits = torch.zeros(1, 2, 3, dtype=torch.float64)
+    logits[0, 0, 0], logits[0, 1, 1] = 2.0, 1.0  # m = [2, -1]
+    term = margin_loss(logits, labels, smoothing=1.0)
+    sp = torch.nn.functional.softplus
+    a1 = torch.sigmoid(torch.tensor(2.0, dtype=torch.float64))
+    w = torch.stack([torch.tensor(1.0, dtype=torch.float64), a1]) * 2 / (1 + a1)  # reach [1, σ(2)], mean 1
+    expected = w[0] * sp(torch.tensor(-2.0, dtype=torch.float64)) + w[1] * sp(torch.tensor(1.0, dtype=torch.float64))
+    assert torch.allclose(term.num, expected) and float(term.den) == 2
+
+
+def test_sampled_streak_is_gamma_when_the_drafter_is_the_verifier_and_matches_plain_autograd():
+    logits = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 6, (3, 4))
+    labels[2, 2:] = -100
+    same = sampled_streak_loss(logits, labels, 0.9, logits.detach().clone())
+    assert torch.allclose(-same.num / same.den, torch.tensor((4 + 4 + 2) / 3, dtype=torch.float64))
+    teacher = torch.randn(3, 4, 6, dtype=torch.float64)
+    sampled_streak_loss(logits, labels, 0.9, teacher).num.backward()
+    fused = logits.grad.clone()
+    logits.grad = None
+    p, q = (teacher / 0.9).softmax(-1), (logits / 0.9).softmax(-1)
+    accept = torch.minimum(p, q).sum(-1) * (labels >= 0)
+    (-torch.cumprod(accept, -1).sum()).backward()
+    assert torch.allclose(fused, logits.grad, atol=1e-12)
 
 
 class LargeTensors(TorchDispatchMode):

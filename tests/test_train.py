@@ -150,6 +150,8 @@ def test_two_processes_follow_the_one_process_loss_curve(model_dirs, world_promp
     ("diffusiongemma", {"distill.objective": "tv", "distill.temperature": 0.7}),
     # the teacher must not be partitioned with the drafter (before: "'weight' must be 2-D" in its first forward)
     ("diffusiongemma", {"distill.objective": "kd", "deepspeed.zero_stage": 3, "lora.r": 4}),
+    ("diffusiongemma", {"distill.objective": "margin", "distill.ce_weight": 1.0, "distill.schedule": "anneal"}),
+    ("mdlm", {"distill.objective": "sampled_streak", "distill.schedule": "switch"}),
 ])
 def test_every_family_and_objective_trains(model_dirs, world_prompts, tmp_path, family, extra):
     out = tmp_path / "run"
@@ -238,3 +240,19 @@ def test_empty_or_corrupt_rollouts_are_refused(model_dirs, world_prompts, tmp_pa
     (folder / DATASET / "dataset_info.json").write_text("{broken")
     with pytest.raises(AlignError, match="corrupt"):
         run_main(args)
+
+
+def test_schedules_move_from_cross_entropy_to_the_objective():
+    from align.config import build_recipe
+    from align.train import objective_share
+
+    def shares(schedule):
+        recipe = build_recipe({"train": {"max_steps": 10}, "distill": {"objective": "streak_ce",
+                                                                        "schedule": schedule, "schedule_fraction": 0.4}})
+        return [objective_share(recipe, step) for step in range(10)]
+
+    assert shares("constant") == [1.0] * 10
+    assert shares("switch") == [0.0] * 4 + [1.0] * 6
+    assert shares("anneal") == [0.0, 0.25, 0.5, 0.75] + [1.0] * 6
+    with pytest.raises(AlignError, match="distill.schedule"):
+        build_recipe({"distill": {"objective": "ce", "schedule": "switch"}})

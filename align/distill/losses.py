@@ -110,6 +110,32 @@ class _PositionDivergence(torch.autograd.Function):
         return grad, None, None, None
 
 
+class _GreedyMargin(torch.autograd.Function):
+    """m = (z[x] - max_{y≠x} z[y]) / τ per position, in row chunks; gradient +1/τ at x, -1/τ at the competitor."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature):
+        safe = labels.clamp(min=0)
+        dtype = _precision(logits)
+        values, indices = logits.detach().topk(2, dim=-1)  # (B, γ, 2): no (B, γ, V) temporary
+        top_is_label = indices[..., 0] == safe
+        competitor = torch.where(top_is_label, indices[..., 1], indices[..., 0])
+        margin = (logits.detach().gather(-1, safe[..., None])[..., 0].to(dtype)
+                  - torch.where(top_is_label, values[..., 1], values[..., 0]).to(dtype)) / temperature
+        ctx.save_for_backward(labels, competitor)
+        ctx.shape, ctx.dtype, ctx.temperature = logits.shape, logits.dtype, temperature
+        return margin.masked_fill(labels < 0, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        labels, competitor = ctx.saved_tensors
+        weight = (grad_out.masked_fill(labels < 0, 0.0) / ctx.temperature).to(ctx.dtype)[..., None]
+        grad = torch.zeros(ctx.shape, dtype=ctx.dtype, device=labels.device)
+        grad.scatter_add_(-1, labels.clamp(min=0)[..., None], weight)
+        grad.scatter_add_(-1, competitor[..., None], -weight)
+        return grad, None, None
+
+
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log q_j(x_j) = log softmax(z_j / τ)[x_j] for logits (B, γ, V) and labels (B, γ); 0 where the label is -100."""
     return _TokenLogProb.apply(logits, labels, temperature)
@@ -118,6 +144,30 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
 def position_divergence(logits: torch.Tensor, teacher: torch.Tensor, kind: str, temperature: float = 1.0) -> torch.Tensor:
     """Per-position divergence (B, γ) between the verifier's p = softmax(t / τ) and q = softmax(z / τ)."""
     return _PositionDivergence.apply(logits, teacher, temperature, kind)
+
+
+def greedy_margin(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """m_j = (z_j[x_j] - max_{y≠x_j} z_j[y]) / τ for logits (B, γ, V): greedy verification accepts x_j iff m_j > 0."""
+    return _GreedyMargin.apply(logits, labels, temperature)
+
+
+def smoothed_weights(q: torch.Tensor, valid: torch.Tensor, smoothing: float, kind: str) -> torch.Tensor:
+    """Detached per-position weights from per-position acceptance probabilities q (B, γ), s_i = λ q_i + (1 - λ):
+
+        suffix:  w_k = Σ_{j≥k} Π_{i≤j} s_i        (the streak objective's own weight on log q_k when λ = 1)
+        reach:   w_k = Π_{i<k} s_i                  (the probability that the streak reaches position k)
+
+    then scaled per window to mean 1 over its valid positions, so that the loss keeps cross-entropy's scale and
+    λ = 0 is position-decayed (suffix) or plain (reach) cross-entropy.
+    """
+    s = (smoothing * q.detach() + (1.0 - smoothing)) * valid
+    prefix = torch.cumprod(s, -1)
+    if kind == "suffix":
+        w = torch.flip(torch.cumsum(torch.flip(prefix, [-1]), -1), [-1])
+    else:
+        w = torch.cat([torch.ones_like(s[:, :1]), prefix[:, :-1]], dim=-1) * valid
+    count = valid.sum(-1, keepdim=True).clamp(min=1)
+    return w * count / w.sum(-1, keepdim=True).clamp(min=1e-30)
 
 
 def _windows(labels: torch.Tensor) -> torch.Tensor:
@@ -171,5 +221,71 @@ def tv_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
     return LossTerm(tv.sum(), (labels >= 0).sum().double())
 
 
-LOSSES = {"streak": streak_loss, "ce_streak": ce_streak_loss, "ce": ce_loss, "kd": kd_loss, "tv": tv_loss}
-NEEDS_TEACHER = {"kd", "tv"}
+def streak_ce_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None,
+                   smoothing: float = 0.5) -> LossTerm:
+    """Cross-entropy with detached, smoothed streak suffix weights (D-PACE):
+
+        L = -(1/M) Σ_{valid (window, k)} w̃_k · log q_k(x_k),   w_k = Σ_{j≥k} Π_{i≤j} (λ q_i(x_i) + 1 - λ),
+        w̃ = w scaled to mean 1 over each window's valid positions          den = M positions.
+
+    λ = 1 gives the streak objective's gradient direction with cross-entropy's scale; λ = 0, CE decayed linearly
+    with the position; the default λ = 0.5 keeps a gradient on the token that breaks the streak.
+    """
+    valid = labels >= 0
+    logq = token_logprobs(logits, labels, temperature)
+    weights = smoothed_weights(logq.detach().exp(), valid, smoothing, "suffix")
+    return LossTerm(-(weights * logq).sum(), valid.sum().double())
+
+
+def first_failure_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None,
+                       after_failure: float = 0.1) -> LossTerm:
+    """Cross-entropy up to and including the drafter's first greedy failure in each window, ε after it (Spec-AUF):
+
+        f = min{j : argmax_y z_j[y] ≠ x_j},  w_j = 1 for j ≤ f, ε for j > f
+        L = -(1/M) Σ_{valid (window, j)} w_j · log q_j(x_j)                 den = M positions.
+
+    Positions after the first failure are never reached by greedy verification of this draft; ε keeps them learning.
+    """
+    valid = labels >= 0
+    logq = token_logprobs(logits, labels, temperature)
+    with torch.no_grad():
+        hit = ((logits.argmax(-1) == labels) | ~valid).long()
+        before = torch.cat([torch.ones_like(hit[:, :1]), torch.cumprod(hit, -1)[:, :-1]], dim=-1).bool()
+        weights = torch.where(before, 1.0, after_failure).to(logq.dtype) * valid
+    return LossTerm(-(weights * logq).sum(), valid.sum().double())
+
+
+def margin_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None,
+                smoothing: float = 0.5) -> LossTerm:
+    """A greedy-acceptance surrogate: a logistic ranking of the verifier's token over the drafter's strongest
+    competitor, weighted by the (smoothed, detached) probability that greedy verification reaches the position:
+
+        m_j = (z_j[x_j] - max_{y≠x_j} z_j[y]) / τ,   a_j = σ(m_j)   (greedy accepts x_j iff m_j > 0)
+        L = (1/M) Σ_{valid (window, j)} w̃_j · softplus(-m_j),   w_j = Π_{i<j} (λ a_i + 1 - λ), mean 1 per window.
+
+    Its gradient touches two logits per position; mix it with cross-entropy (``distill.ce_weight``) to keep the
+    rest of the distribution trained.                                        den = M positions.
+    """
+    valid = labels >= 0
+    margin = greedy_margin(logits, labels, temperature)
+    weights = smoothed_weights(torch.sigmoid(margin.detach()), valid, smoothing, "reach")
+    return LossTerm((weights * torch.nn.functional.softplus(-margin) * valid).sum(), valid.sum().double())
+
+
+def sampled_streak_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None
+                        ) -> LossTerm:
+    """The expected accepted streak of speculative sampling, given the teacher-forced verifier p:
+
+        L = -(1/N) Σ_windows Σ_{m=1..γ} Π_{j≤m} (1 - TV(p_j, q_j))      den = N windows.
+
+    1 - TV(p_j, q_j) = Σ_x min(p_j(x), q_j(x)) is the probability that position j's draft token is accepted.
+    """
+    accept = (1.0 - position_divergence(logits, teacher, "tv", temperature)) * (labels >= 0)
+    return LossTerm(-expected_streak(accept).sum(), _windows(labels))
+
+
+LOSSES = {"streak": streak_loss, "ce_streak": ce_streak_loss, "ce": ce_loss, "kd": kd_loss, "tv": tv_loss,
+          "streak_ce": streak_ce_loss, "first_failure": first_failure_loss, "margin": margin_loss,
+          "sampled_streak": sampled_streak_loss}
+NEEDS_TEACHER = {"kd", "tv", "sampled_streak"}
+PER_WINDOW = {"streak", "ce_streak", "sampled_streak"}  # den = windows; the others average over positions

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -84,7 +85,13 @@ def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bo
     """Build the named zoo models (default: all) that are not built yet; returns the names built. One process
     builds at a time (a lock in the cache): the others wait and then find the models built."""
     with exclusive(cache_dir(), "zoo", "the tiny zoo"):
-        return _build(names, spec, force)
+        threads = torch.get_num_threads()
+        # under a launcher each local process got its share of the cores; the others wait on the lock, so take theirs
+        torch.set_num_threads(threads * int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        try:
+            return _build(names, spec, force)
+        finally:
+            torch.set_num_threads(threads)
 
 
 def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[str]:
