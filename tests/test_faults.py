@@ -1,4 +1,5 @@
-"""Faults: kill -9 at random moments during training (saves included), export and evaluation, then the same command
+"""Faults: kill -9 at random moments during training (saves included), export and evaluation, of one rank of a
+two-process run, and a file size limit during a save (one process, and one rank of two); then the same command
 again. Each trial must end with a complete, correct result; on CPU with a fixed seed a resumed run's final weights
 equal an uninterrupted run's.
 
@@ -21,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_train import ROOT, env, overrides, run_main
+from test_train import ROOT, env, overrides, run_cli, run_main
 
 TRIALS = int(os.environ.get("ALIGN_FAULT_TRIALS", "1"))
 OUTCOMES: list[tuple[str, str, int, str]] = []  # (fault, stage, trial, outcome)
@@ -141,3 +142,87 @@ def test_a_full_disk_during_a_save_is_one_line_then_a_rerun_completes(straight, 
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert _same_weights(straight / "final", out / "final")
     OUTCOMES.append(("disk full (file size limit)", "training save", 0, "clear error"))
+
+
+# ---------------------------------------------------------------------------------------- two processes
+
+DEEPSPEED = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2"]
+TWO_RANKS = {"train.max_steps": 6, "train.save_every": 2, "train.micro_batch_size": 4, "train.global_batch_size": 8}
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int, deadline: float) -> int:
+    """The pid of local rank ``rank`` under a deepspeed launcher, once it has started."""
+    import psutil
+
+    while time.time() < deadline:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                if f"--local_rank={rank}" in child.cmdline():
+                    return child.pid
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank} never started")
+
+
+@pytest.fixture(scope="module")
+def straight_two(model_dirs, world_prompts, tmp_path_factory):
+    """An uninterrupted two-process run."""
+    out = tmp_path_factory.mktemp("straight_two") / "run"
+    proc = run_cli(overrides(model_dirs, world_prompts, out, **TWO_RANKS), launcher=DEEPSPEED + ["--master_port", "29741"])
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log
+    return out
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_one_rank_killed_stops_the_run_then_a_rerun_completes(straight_two, model_dirs, world_prompts, tmp_path,
+                                                              trial):
+    """kill -9 of rank 1 at a random moment after the first checkpoint: the launcher stops rank 0 (no process left
+    waiting at a collective), exits non-zero, and the same command then finishes with the uninterrupted weights."""
+    out = tmp_path / "run"
+    args = overrides(model_dirs, world_prompts, out, **TWO_RANKS)
+    launcher = DEEPSPEED + ["--master_port", str(29750 + trial)]
+    proc = run_cli(args, launcher=launcher)
+    victim = _rank_pid(proc, 1, time.time() + 300)
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / "step-2").is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(random.Random(trial).uniform(0.0, 1.5))
+    killed = proc.poll() is None
+    if killed:
+        os.kill(victim, signal.SIGKILL)
+    log, _ = proc.communicate(timeout=120)  # rank 0 must not hang at a collective
+    if killed:
+        assert proc.returncode != 0, log
+    rerun = run_cli(args, launcher=launcher)
+    log, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, log
+    assert _same_weights(out / "final", straight_two / "final")
+    OUTCOMES.append(("kill -9 of one rank", "two-process training", trial, "complete and correct"))
+
+
+def test_a_failed_save_on_one_rank_is_one_line_and_nobody_hangs(straight_two, model_dirs, world_prompts, tmp_path):
+    """The lead's file size limit drops below a checkpoint after the first save: the save fails with one line naming
+    the checkpoint, the other rank is stopped instead of waiting at the save's barrier, and a rerun completes."""
+    import resource
+
+    out = tmp_path / "run"
+    args = overrides(model_dirs, world_prompts, out, **TWO_RANKS)
+    launcher = DEEPSPEED + ["--master_port", "29761"]
+    proc = run_cli(args, launcher=launcher)
+    lead = _rank_pid(proc, 0, time.time() + 300)
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / "step-2").is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    resource.prlimit(lead, resource.RLIMIT_FSIZE, (16384, 16384))
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, log
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert errors and "could not write checkpoint step-4" in errors[0] and "resumes from step-2" in errors[0], log
+    assert "Traceback" not in log, log
+    rerun = run_cli(args, launcher=launcher)
+    log, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, log
+    assert _same_weights(out / "final", straight_two / "final")
+    OUTCOMES.append(("file size limit on one rank", "two-process save", 0, "clear error"))

@@ -126,7 +126,10 @@ class Engine:
             if _rank() == 0:
                 (partial / "trainer_state.json").write_text(json.dumps(state, indent=1))
         except (OSError, RuntimeError) as error:  # torch.save reports a failed write as a RuntimeError
-            shutil.rmtree(partial, ignore_errors=True)
+            # this process leaves with one line; the launcher stops the others (which may wait in the save's
+            # collectives); the partial folder is the lead's to remove, and a rerun discards whatever is left
+            if _rank() == 0:
+                shutil.rmtree(partial, ignore_errors=True)
             kept = list_checkpoints(checkpoints)
             raise AlignError(f"could not write checkpoint step-{step} into {checkpoints} (a full disk or a file size "
                              f"limit? {str(error).strip().splitlines()[0][:160]}); free space and run "
