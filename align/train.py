@@ -65,7 +65,8 @@ def main(argv: list[str]) -> int:
     rank, world = init_distributed()
     lead = rank == 0
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores // local_world))  # the cores this process may run on (taskset, cgroups)
     check_run_folder(out, recipe)
     if lead:  # one run per output folder: held until this process exits
         hold_folder(out, "a training run")
