@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from align.drafter_pass import DiffusionGemmaPass, grad_free, lean_default
+from align.drafter_pass import DiffusionGemmaPass, grad_free, lean_default, with_cache
 from align.errors import AlignError
 
 
@@ -85,16 +85,19 @@ class DiffusionGemmaFamily(Family):
                     logits = lean.check(prefix, canvas, self_conditioning, state, logits)
                 return logits
             if new.shape[1]:
-                model.model.encoder(input_ids=new, cache=state.cache,
+                model.model.encoder(input_ids=new, **with_cache(state.cache),
                                     position_ids=torch.arange(start, start + new.shape[1], device=new.device)[None])
-            return model(cache=state.cache, decoder_input_ids=canvas, self_conditioning_logits=self_conditioning).logits
+            return model(**with_cache(state.cache), decoder_input_ids=canvas,
+                         self_conditioning_logits=self_conditioning).logits
         mask = torch.ones_like(prefix) if prefix_mask is None else prefix_mask
         length = mask.sum(-1, keepdim=True)
         config = getattr(model, "module", model).config  # through a DeepSpeed engine too
         return model(
-            input_ids=prefix, attention_mask=mask, position_ids=positions(mask), cache=DynamicCache(config=config),
+            input_ids=prefix, attention_mask=mask, position_ids=positions(mask),
+            **with_cache(DynamicCache(config=config)),
             decoder_input_ids=canvas, decoder_attention_mask=torch.cat([mask, torch.ones_like(canvas)], -1),
-            decoder_position_ids=length + torch.arange(gamma, device=canvas.device), self_conditioning_logits=self_conditioning,
+            decoder_position_ids=length + torch.arange(gamma, device=canvas.device),
+            self_conditioning_logits=self_conditioning,
         ).logits
 
 

@@ -8,6 +8,8 @@ models' own forwards everywhere (``bench/throughput.py --decode`` measures both)
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,21 @@ from transformers import DynamicCache
 
 if TYPE_CHECKING:
     from align.drafter import PrefixState
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword() -> str:
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    return "cache" if "cache" in inspect.signature(DiffusionGemmaForBlockDiffusion.forward).parameters \
+        else "past_key_values"
+
+
+def with_cache(cache: Any) -> dict[str, Any]:
+    """``{keyword: cache}`` for DiffusionGemma's forwards (the model's, its encoder's, its decoder's): transformers
+    names it ``cache`` from 5.20 on and ``past_key_values`` before (the version vLLM's CPU build pins, where the
+    drafter serves). Read from transformers' class, so wrappers (DeepSpeed, PEFT) do not hide it."""
+    return {_cache_keyword(): cache}
+
 
 def lean_default() -> bool:
     """Whether decoding takes the lean passes (``ALIGN_LEAN=0`` selects the models' own forwards, for comparison)."""
@@ -347,9 +364,10 @@ class DiffusionGemmaPass:
         model = self.model
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
-            model.model.encoder(input_ids=prefix, cache=cache,
+            model.model.encoder(input_ids=prefix, **with_cache(cache),
                                 position_ids=torch.arange(prefix.shape[1], device=prefix.device)[None])
-            plain = model(cache=cache, decoder_input_ids=canvas, self_conditioning_logits=self_conditioning).logits
+            plain = model(**with_cache(cache), decoder_input_ids=canvas,
+                          self_conditioning_logits=self_conditioning).logits
         # a structural difference (a mask, a missing term) shows as an O(1) relative difference; rounding in another
         # order (attention kernels, matmul blocking) as far less, though it grows with depth and in half precision
         tolerance = 1e-2 if model.dtype in (torch.float32, torch.float64) else 1e-1

@@ -19,6 +19,7 @@ if __name__ == "__main__":  # run as a script: import the package, not this fold
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
+import dataclasses
 import functools
 import json
 import socket
@@ -31,7 +32,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from align.config import Recipe, build_recipe, load_recipe, packing_on, save_recipe
-from align.distill.backend import Engine, list_checkpoints
+from align.distill.backend import Engine, deepspeed_config, list_checkpoints
 from align.distill.losses import LOSSES, NEEDS_TEACHER, PER_WINDOW, ce_loss
 from align.distill.packing import make_packed, offsets_per_call, packed_logits, packed_teacher_logits
 from align.distill.windows import make_windows, window_index
@@ -48,7 +49,9 @@ from align.drafter import FAMILIES
 from align.zoo import resolve
 
 # keys that may change between a run and its resumption; everything else must match
-RESUMABLE = {"train": {"max_steps", "save_every", "eval_every", "eval_windows", "keep_checkpoints"}, "log": "*"}
+# keys a rerun may change without changing the run (micro_batch_size: the same global batch, exactly accumulated)
+RESUMABLE = {"train": {"max_steps", "save_every", "eval_every", "eval_windows", "keep_checkpoints", "micro_batch_size"},
+             "log": "*"}
 
 
 def main(argv: list[str]) -> int:
@@ -64,6 +67,7 @@ def main(argv: list[str]) -> int:
     # ----------------------------------------------------------------------------------------- processes
     rank, world = init_distributed()
     lead = rank == 0
+    recipe = fit_micro_batch(recipe, world, lead)  # before anything costs time
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch.set_num_threads(max(1, cores // local_world))  # the cores this process may run on (taskset, cgroups)
@@ -244,6 +248,21 @@ def main(argv: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
+
+def fit_micro_batch(recipe: Recipe, world: int, lead: bool) -> Recipe:
+    """The recipe for ``world`` processes: a global batch smaller than micro-batch × processes is split evenly over
+    the processes (with a notice), so a recipe written for one process runs unchanged on several; a batch that does
+    not divide is refused now, before rollouts or models cost time."""
+    t = recipe.train
+    if t.micro_batch_size * world > t.global_batch_size and t.global_batch_size % world == 0:
+        micro = t.global_batch_size // world
+        if lead:
+            print(f"train.micro_batch_size {t.micro_batch_size} x {world} processes is more than "
+                  f"train.global_batch_size {t.global_batch_size}: {micro} windows per process", flush=True)
+        recipe = dataclasses.replace(recipe, train=dataclasses.replace(t, micro_batch_size=micro))
+    deepspeed_config(recipe, world)  # raises the one-line error for a batch that does not divide
+    return recipe
 
 
 def within_vocab(rows: list[dict], vocab: int) -> tuple[list[dict], int]:

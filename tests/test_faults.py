@@ -147,7 +147,8 @@ def test_a_full_disk_during_a_save_is_one_line_then_a_rerun_completes(straight, 
 # ---------------------------------------------------------------------------------------- two processes
 
 DEEPSPEED = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2"]
-TWO_RANKS = {"train.max_steps": 6, "train.save_every": 2, "train.micro_batch_size": 4, "train.global_batch_size": 8}
+# micro-batch 8 x 2 processes > 8: the trainer splits the batch, 4 per process (a one-process recipe, unchanged)
+TWO_RANKS = {"train.max_steps": 6, "train.save_every": 2, "train.micro_batch_size": 8, "train.global_batch_size": 8}
 
 
 def _rank_pid(launcher: subprocess.Popen, rank: int, deadline: float) -> int:

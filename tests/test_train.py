@@ -256,3 +256,18 @@ def test_schedules_move_from_cross_entropy_to_the_objective():
     assert shares("anneal") == [0.0, 0.25, 0.5, 0.75] + [1.0] * 6
     with pytest.raises(AlignError, match="distill.schedule"):
         build_recipe({"distill": {"objective": "ce", "schedule": "switch"}})
+
+
+def test_a_one_process_batch_is_split_over_processes_and_a_bad_one_refused_up_front(capsys):
+    from align.config import build_recipe
+    from align.train import fit_micro_batch
+
+    recipe = build_recipe({"train": {"micro_batch_size": 64, "global_batch_size": 64}})
+    assert fit_micro_batch(recipe, 1, True).train.micro_batch_size == 64
+    fitted = fit_micro_batch(recipe, 2, True)
+    assert fitted.train.micro_batch_size == 32 and fitted.train.global_batch_size == 64
+    assert "32 windows per process" in capsys.readouterr().out
+    with pytest.raises(AlignError, match="multiple of train.micro_batch_size x processes"):
+        fit_micro_batch(build_recipe({"train": {"micro_batch_size": 16, "global_batch_size": 48}}), 2, True)
+    with pytest.raises(AlignError, match="multiple of train.micro_batch_size x processes"):
+        fit_micro_batch(build_recipe({"train": {"micro_batch_size": 64, "global_batch_size": 64}}), 3, True)

@@ -1,0 +1,105 @@
+"""Serve an aligned drafter in vLLM: a speculative proposer for ``speculative_config`` method ``custom_class``.
+
+    ALIGN_DRAFTER=runs/tiny/final python serve.py        # where serve.py builds the engine:
+
+    LLM(model=VERIFIER, disable_log_stats=False,
+        speculative_config={"method": "custom_class", "model": "align.serving.DiffusionProposer",
+                            "num_speculative_tokens": 16})
+
+vLLM builds the class in its worker with the engine's ``VllmConfig``, calls ``load_model(target)`` once and then,
+after every engine step, ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)``: one list of draft
+tokens per running request, which vLLM verifies itself (greedy: its argmax; sampling: rejection sampling that
+treats the draft as deterministic) and counts in its spec-decode metrics.
+
+Settings come from the environment, which vLLM's worker processes inherit:
+
+- ``ALIGN_DRAFTER`` (required): the drafter folder: an export of ``align/train.py`` (its ``meta.json`` names the
+  family) or any drafter folder, or ``zoo:NAME``;
+- ``ALIGN_DRAFTER_FAMILY``: the family when the folder does not name it (default: detected);
+- ``ALIGN_DRAFTER_STEPS``: denoising steps per block (default 1);
+- ``ALIGN_DRAFTER_DTYPE``: float32 (default), bfloat16 or float16.
+
+The draft is the argmax of the drafter's marginals after T steps, γ = ``num_speculative_tokens`` tokens, fewer where
+the model's length leaves less room. Prefix state: each running request keeps its drafter state (DiffusionGemma:
+the encoder's KV cache), found again at the next step as the state whose tokens begin the request's context, so
+only the tokens added since (accepted drafts and the bonus token) are encoded; states of requests that are no
+longer running are dropped after each step. Requests are drafted one after another, each in one drafter pass.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from align.drafter import Drafter, PrefixState
+from align.errors import AlignError
+from align.loading import infer_family, load_drafter_model, load_tokenizer, shared_vocab_size
+from align.zoo import resolve
+
+
+class DiffusionProposer:
+    """vLLM's ``custom_class`` proposer around an align :class:`~align.drafter.Drafter`."""
+
+    def __init__(self, vllm_config: Any):
+        self.gamma = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.verifier_path = str(vllm_config.model_config.tokenizer or vllm_config.model_config.model)
+        path = os.environ.get("ALIGN_DRAFTER")
+        if not path:
+            raise AlignError("align.serving.DiffusionProposer needs ALIGN_DRAFTER: set it to the drafter folder "
+                             "(e.g. runs/tiny/final) in the environment that starts vLLM")
+        self.path = resolve(path)
+        self.steps = int(os.environ.get("ALIGN_DRAFTER_STEPS", "1"))
+        self.dtype = os.environ.get("ALIGN_DRAFTER_DTYPE", "float32")
+        self.family = os.environ.get("ALIGN_DRAFTER_FAMILY") or infer_family(self.path)
+        self.drafter: Drafter | None = None
+        self.states: list[PrefixState] = []
+        self.calls = 0
+
+    def load_model(self, target_model: Any = None, *args: Any, **kwargs: Any) -> None:
+        """Load the drafter on the target model's device (vLLM calls this once, with the verifier)."""
+        device = "cpu"
+        if target_model is not None:
+            device = str(next(target_model.parameters()).device)
+        model, tokenizer = load_drafter_model(self.path, self.family, self.dtype, device=device)
+        vocab = shared_vocab_size(tokenizer, load_tokenizer(self.verifier_path, "verifier"), self.path,
+                                  self.verifier_path)
+        self.drafter = Drafter(model, self.family, vocab, tokenizer.mask_token_id)
+
+    def _state_for(self, context: list[int]) -> PrefixState:
+        """The kept state whose tokens are the longest prefix of ``context`` (taken out of the pool), or a new one."""
+        best, best_len = None, -1
+        for i, state in enumerate(self.states):
+            n = len(state.ids)
+            if n > best_len and n <= len(context) and state.ids == context[:n]:
+                best, best_len = i, n
+        if best is not None and best_len > 0:
+            return self.states.pop(best)
+        self.drafter.reset()
+        return self.drafter.state
+
+    @torch.inference_mode()
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
+                *args: Any, **kwargs: Any) -> list[list[int]]:
+        """Draft tokens for every row of vLLM's batch (``[]``: none); vLLM's arrays are read, never written."""
+        if self.drafter is None:
+            self.load_model()
+        self.calls += 1
+        drafts: list[list[int]] = []
+        kept: list[PrefixState] = []
+        device = self.drafter.device
+        for row, sampled in enumerate(sampled_token_ids):
+            n = int(num_tokens_no_spec[row])
+            room = min(self.gamma, self.max_model_len - n - 1)
+            if not sampled or room <= 0:  # a prefill still in chunks, or no room left before the length limit
+                drafts.append([])
+                continue
+            context = [int(t) for t in token_ids_cpu[row, :n]]
+            self.drafter.state = self._state_for(context)
+            logq = self.drafter.marginals(torch.tensor([context], device=device), room, self.steps)
+            drafts.append([int(t) for t in logq[0].argmax(-1).tolist()])
+            kept.append(self.drafter.state)
+        self.states = kept  # requests that did not run this step (finished or preempted) lose their state
+        return drafts
