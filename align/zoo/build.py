@@ -87,7 +87,8 @@ def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bo
     with exclusive(cache_dir(), "zoo", "the tiny zoo"):
         threads = torch.get_num_threads()
         # under a launcher each local process got its share of the cores; the others wait on the lock, so take theirs
-        torch.set_num_threads(threads * int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(threads, min(cores, threads * int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
         try:
             return _build(names, spec, force)
         finally:
