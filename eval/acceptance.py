@@ -85,6 +85,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow the drafter's own modelling code (an exported drafter's recipe may already say so)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--engine", default="hf", choices=("hf", "vllm"),
+                   help="hf: align's own decoding loop; vllm: LLM.generate with align.serving's proposer and without "
+                        "speculation, vLLM's own counters (run with the Python that has vLLM: .venv-vllm on CPU); "
+                        "its results join acceptance.json under 'vllm', beside the hf engine's")
+    p.add_argument("--concurrency", type=comma_list(int), default=[1],
+                   help="vllm engine: requests running at once (comma list)")
     args = p.parse_args(argv)
     return args
 
@@ -145,6 +151,8 @@ def main(argv: list[str]) -> int:
     prompts = read_prompt_file(args.prompts) if args.prompts else load_suite(suite)
     prompts = prompts[: args.limit]
     out = Path(args.out or Path(ckpt) / "eval")
+    if args.engine == "vllm":
+        return through_vllm(args, ckpt, baseline, verifier_path, family, prompts, suite, out)
 
     device = args.device or default_device()
     verifier_model, tokenizer = load_verifier_model(verifier_path, args.dtype, device)
@@ -239,6 +247,40 @@ def main(argv: list[str]) -> int:
 
     write_report(document, out)
     print(summary_table(results))
+    print(f"\nreport: {out / 'report.md'}")
+    return 0
+
+
+def through_vllm(args: argparse.Namespace, ckpt: str, baseline: str | None, verifier_path: str, family: str,
+                 prompts: list[dict], suite: str, out: Path) -> int:
+    """``--engine vllm``: the same prompts through vLLM (eval/vllm_engine.py); results go under ``vllm`` in
+    acceptance.json, beside whatever the hf engine wrote there."""
+    from align.loading import load_tokenizer
+    from eval.report import engine_table, write_report
+    from eval.vllm_engine import engine_name, measure
+
+    if len(args.gamma) > 1 or len(args.steps) > 1 or len(args.temperature) > 1 or len(args.seed) > 1:
+        raise AlignError("--engine vllm measures one --gamma, --steps, --temperature and --seed at a time")
+    tokenizer = load_tokenizer(resolve(verifier_path), "verifier")
+    encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
+    drafters = [("aligned", ckpt)] + ([("baseline", baseline)] if baseline else [])
+    results = measure(verifier_path, drafters, encoded, args.gamma[0], args.steps[0], args.temperature[0],
+                      args.max_new_tokens, args.concurrency, args.seed[0], args.dtype, family)
+    document = {"suite": suite, "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "results": []}
+    if (out / "acceptance.json").is_file():
+        try:
+            document = json.loads((out / "acceptance.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise AlignError(f"{out / 'acceptance.json'} is not valid JSON; move it away or choose another --out") from None
+    document["vllm"] = {"engine": engine_name(), "suite": suite, "n_prompts": len(prompts),
+                        "max_new_tokens": args.max_new_tokens, "results": results}
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "acceptance.json", json.dumps(document, indent=1))
+    if document["results"]:
+        write_report(document, out)
+    else:
+        write_text(out / "report.md", "# Acceptance report\n\n## Engines\n\n" + engine_table(document) + "\n")
+    print(engine_table(document))
     print(f"\nreport: {out / 'report.md'}")
     return 0
 

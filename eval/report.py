@@ -256,5 +256,26 @@ def write_report(document: dict[str, Any], out: Path) -> list[Path]:
 
         prompts = {p["id"]: p["prompt"] for p in load_suite(document["suite"])}
         sections += ["## Per prompt (the probe's format)", "", probe_table(main, prompts), ""]
+    if document.get("vllm"):
+        sections += ["## Engines", "", "The same prompts through align's loop (hf) and through vLLM with "
+                     "`align.serving.DiffusionProposer` (vLLM's own counters; speedup against the same engine "
+                     "without speculation).", "", engine_table(document), ""]
     write_text(out / "report.md", "\n".join(sections))
     return [out / "report.md", *written]
+
+
+def engine_table(document: dict[str, Any]) -> str:
+    """engine × drafter × concurrency: accepted_mean, τ, tokens/s, speedup over the same engine alone, lossless."""
+    lines = ["| engine | drafter | concurrency | accepted_mean | τ | tokens/s | same engine without speculation "
+             "(tokens/s) | speedup | lossless |", "|---|---|---|---|---|---|---|---|---|"]
+    lossless = {True: "yes", False: "NO", None: "n/a (sampling)"}
+    for r in document.get("results", []):
+        if r["label"] in ("aligned", "baseline") and r["k"] == 1:
+            lines.append(f"| hf | {r['label']} ({setting_name(r)}) | 1 | {r['accepted_mean']:.2f} | {r['tau']:.2f} | "
+                         f"{r['tokens_per_s']:.1f} | {r['ar_tokens_per_s']:.1f} | {r['speedup']:.2f} | "
+                         f"{lossless[r['lossless']]} |")
+    for r in document.get("vllm", {}).get("results", []):
+        lines.append(f"| {r['engine']} | {r['label']} (γ={r['gamma']} T={r['steps']} temp={r['temperature']:g}) | "
+                     f"{r['concurrency']} | {r['accepted_mean']:.2f} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f} | {lossless[r['lossless']]} |")
+    return "\n".join(lines)

@@ -119,3 +119,21 @@ def exported(model_dirs, tmp_path_factory):
     (path / "meta.json").write_text(json.dumps({"verifier": str(model_dirs["verifier"]), "family": "mdlm",
                                                 "base_drafter": str(model_dirs["mdlm"])}))
     return path
+
+
+@pytest.fixture(scope="session")
+def vllm_verifier(tokenizer_dir, tmp_path_factory):
+    """A tiny Llama vLLM's CPU kernels accept (head size 32), with well separated logits (no greedy near-ties)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from align.zoo.models import verifier_model
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = verifier_model(len(tokenizer), hidden=64, layers=2, heads=2, max_len=256, seed=5)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10)
+    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0, bos_token_id=2)
+    path = tmp_path_factory.mktemp("vllm-verifier")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -8,28 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("ALIGN_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-
-
-@pytest.fixture(scope="module")
-def vllm_verifier(tokenizer_dir, tmp_path_factory):
-    """A tiny Llama vLLM's CPU kernels accept (head size 32), with well separated logits (no greedy near-ties)."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    from align.zoo.models import verifier_model
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    model = verifier_model(len(tokenizer), hidden=64, layers=2, heads=2, max_len=256, seed=5)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(10)
-    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0, bos_token_id=2)
-    path = tmp_path_factory.mktemp("vllm-verifier")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"no vLLM environment at {VLLM_PYTHON} (make vllm-env)")

