@@ -68,6 +68,10 @@ def main(argv: list[str]) -> int:
     rank, world = init_distributed()
     lead = rank == 0
     recipe = fit_micro_batch(recipe, world, lead)  # before anything costs time
+    if lead:  # zoo:NAME models are built by the lead: transformers' save_pretrained writes nothing on other ranks
+        for path in (recipe.drafter.path, recipe.verifier.path):
+            resolve(path)
+    barrier()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch.set_num_threads(max(1, cores // local_world))  # the cores this process may run on (taskset, cgroups)

@@ -102,3 +102,25 @@ def test_zoo_cli_lists_and_refuses_unknown_names(mini_cache):
         "replica-gemma4-verifier, replica-diffusiongemma, replica-qwen2.5-verifier, replica-diffucoder")
     listing = subprocess.run([sys.executable, "-m", "align.zoo", "list"], capture_output=True, text=True, timeout=120)
     assert listing.returncode == 0 and listing.stdout.count("not built") == 7
+
+
+def test_a_model_transformers_would_not_write_is_an_error_not_an_empty_folder(tmp_path, monkeypatch, tokenizer_dir):
+    """Under a launcher, transformers' save_pretrained writes nothing on a rank other than 0 (found by a two-process
+    run on a fresh cache: the drafter folder held a tokenizer and no model). The build refuses, keeping the old
+    folder; the trainer builds zoo models on the lead before the others look."""
+    from transformers import AutoTokenizer
+
+    from align.zoo import build as zoo_build
+    from align.zoo.models import verifier_model
+
+    monkeypatch.setenv("ALIGN_CACHE", str(tmp_path / "cache"))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = verifier_model(len(tokenizer), hidden=16, layers=1, heads=2, max_len=64, seed=0)
+    meta = {"parameters": 1, "seconds": 0}
+    zoo_build._save("tiny-verifier", model, tokenizer, meta)
+    folder = zoo_build.model_dir("tiny-verifier")
+    assert (folder / "config.json").is_file()
+    monkeypatch.setattr(type(model), "should_save_on_this_rank", lambda self, is_main_process: False)
+    with pytest.raises(AlignError, match="transformers wrote no model"):
+        zoo_build._save("tiny-verifier", model, tokenizer, meta)
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()

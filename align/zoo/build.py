@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
+from align.errors import AlignError
 from align.files import atomic_folder, discard_partial
 from align.locks import exclusive
 from align.prompts import encode_prompt
@@ -169,6 +170,9 @@ def _save(name: str, model: torch.nn.Module, tokenizer, meta: dict, code: list[P
     out = model_dir(name)
     with atomic_folder(out, f"zoo:{name}") as partial:
         model.save_pretrained(str(partial))
+        if not (partial / "config.json").is_file():  # transformers skips the write on a non-zero distributed rank
+            raise AlignError(f"transformers wrote no model for zoo:{name} (this process is rank {os.environ.get('RANK')}"
+                             " of a distributed run); build the zoo first: python -m align.zoo build")
         tokenizer.save_pretrained(str(partial))
         for file in code:
             shutil.copy(file, partial / file.name)
