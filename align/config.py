@@ -134,6 +134,8 @@ class DeepSpeedConfig:
     offload_optimizer: bool = option(False, "Keep optimizer state on the CPU (ZeRO >= 1).")
     offload_params: bool = option(False, "Keep parameters on the CPU (ZeRO 3).")
     torch_adam: bool = option(True, "Use torch's AdamW (false: DeepSpeed's fused kernel, compiled on first use).")
+    timeout_minutes: int = option(120, "How long a process waits at a collective before giving up (rollout shards "
+                                  "of unequal length end at one).", min=1)
 
 
 @dataclass

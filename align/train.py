@@ -20,6 +20,7 @@ if __name__ == "__main__":  # run as a script: import the package, not this fold
 
 import argparse
 import dataclasses
+import datetime
 import functools
 import json
 import socket
@@ -65,13 +66,9 @@ def main(argv: list[str]) -> int:
     out = Path(recipe.run.output_dir)
 
     # ----------------------------------------------------------------------------------------- processes
-    rank, world = init_distributed()
+    rank, world = init_distributed(recipe.deepspeed.timeout_minutes)
     lead = rank == 0
     recipe = fit_micro_batch(recipe, world, lead)  # before anything costs time
-    if lead:  # zoo:NAME models are built by the lead: transformers' save_pretrained writes nothing on other ranks
-        for path in (recipe.drafter.path, recipe.verifier.path):
-            resolve(path)
-    barrier()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch.set_num_threads(max(1, cores // local_world))  # the cores this process may run on (taskset, cgroups)
@@ -416,8 +413,10 @@ def check_run_folder(out: Path, recipe: Recipe) -> None:
                                  f"now {value!r}); choose another run.output_dir or delete that folder")
 
 
-def init_distributed() -> tuple[int, int]:
-    """Start torch.distributed through DeepSpeed (gloo on CPU); a plain ``python`` run is one process of one."""
+def init_distributed(timeout_minutes: int = 120) -> tuple[int, int]:
+    """Start torch.distributed through DeepSpeed (gloo on CPU); a plain ``python`` run is one process of one.
+    ``timeout_minutes``: how long a collective waits (torch's default, 10 to 30 minutes, is shorter than a rollout
+    shard can take)."""
     import deepspeed
 
     if "RANK" not in os.environ:  # not started by a launcher
@@ -427,7 +426,8 @@ def init_distributed() -> tuple[int, int]:
                 s.bind(("127.0.0.1", 0))
                 os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+                                   timeout=datetime.timedelta(minutes=timeout_minutes))
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -124,3 +124,20 @@ def test_a_model_transformers_would_not_write_is_an_error_not_an_empty_folder(tm
     with pytest.raises(AlignError, match="transformers wrote no model"):
         zoo_build._save("tiny-verifier", model, tokenizer, meta)
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+
+
+def test_other_ranks_wait_for_rank_0_to_build(tmp_path, monkeypatch, capsys):
+    """Under a launcher only rank 0 builds a missing zoo model; the others wait for it, with no collective (a build
+    can outlast any process-group timeout: a gloo barrier gave up after 10 minutes)."""
+    import align.zoo as zoo
+    import align.zoo.build as zoo_build
+
+    monkeypatch.setenv("ALIGN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    checks = iter([False, False, False, True, True])
+    monkeypatch.setattr(zoo, "is_built", lambda name: next(checks))
+    monkeypatch.setattr(zoo.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(zoo_build, "build", lambda *a, **k: pytest.fail("rank 1 must not build"))
+    assert zoo.resolve("zoo:tiny-verifier") == str(zoo.model_dir("tiny-verifier"))
+    assert "waiting for rank 0" in capsys.readouterr().out

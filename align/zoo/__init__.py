@@ -7,6 +7,7 @@ The cache is ``$ALIGN_CACHE`` (default ``~/.cache/align``).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from align.errors import AlignError
@@ -49,9 +50,21 @@ def resolve(path: str) -> str:
     name = path[len("zoo:"):]
     if name not in MODELS:
         raise AlignError(f"unknown zoo model '{name}'; the tiny zoo has: {', '.join(MODELS)}")
+    if not is_built(name) and _launched_rank() > 0:  # save_pretrained writes no weights on these: rank 0 builds
+        print(f"zoo:{name} is not built yet: waiting for rank 0 to build it into {model_dir(name)}", flush=True)
+        while not is_built(name):
+            time.sleep(2.0)
     if not is_built(name):  # build() takes the cache's lock and builds only what is still missing then
         from align.zoo.build import build
 
         print(f"zoo:{name} is not built yet: building it into {model_dir(name)}", flush=True)
         build([name])
     return str(model_dir(name))
+
+
+def _launched_rank() -> int:
+    """This process's rank in a multi-process launch (deepspeed, torchrun), else 0."""
+    try:
+        return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+    except ValueError:
+        return 0

@@ -172,7 +172,8 @@ def _save(name: str, model: torch.nn.Module, tokenizer, meta: dict, code: list[P
         model.save_pretrained(str(partial))
         if not (partial / "config.json").is_file():  # transformers skips the write on a non-zero distributed rank
             raise AlignError(f"transformers wrote no model for zoo:{name} (this process is rank {os.environ.get('RANK')}"
-                             " of a distributed run); build the zoo first: python -m align.zoo build")
+                             " of a distributed run, and only rank 0 writes); build the zoo first: "
+                             "python -m align.zoo build")
         tokenizer.save_pretrained(str(partial))
         for file in code:
             shutil.copy(file, partial / file.name)
