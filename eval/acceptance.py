@@ -264,7 +264,7 @@ def through_vllm(args: argparse.Namespace, ckpt: str, baseline: str | None, veri
     tokenizer = load_tokenizer(resolve(verifier_path), "verifier")
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
     drafters = [("aligned", ckpt)] + ([("baseline", baseline)] if baseline else [])
-    results = measure(verifier_path, drafters, encoded, args.gamma[0], args.steps[0], args.temperature[0],
+    results = measure(resolve(verifier_path), drafters, encoded, args.gamma[0], args.steps[0], args.temperature[0],
                       args.max_new_tokens, args.concurrency, args.seed[0], args.dtype, family)
     document = {"suite": suite, "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "results": []}
     if (out / "acceptance.json").is_file():
