@@ -22,6 +22,13 @@ from align.zoo import resolve
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (taskset, cgroups), not the machine's count."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_device() -> str:
     """The accelerator when there is one (this process's GPU under a launcher), else the CPU."""
     import os

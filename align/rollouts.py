@@ -213,14 +213,7 @@ class VLLMBackend:
         # generation_config="vllm": nothing from the model's generation_config.json (the SamplingParams below say all)
         self.llm = LLM(model=path, dtype=recipe.verifier.dtype, seed=recipe.run.seed, generation_config="vllm",
                        max_model_len=min(4096, _context(path)), **extra)
-        from transformers import GenerationConfig
-
-        try:
-            eos = GenerationConfig.from_pretrained(path).eos_token_id
-        except OSError:
-            eos = None
-        eos = self.tokenizer.eos_token_id if eos is None else eos
-        self.eos = [eos] if isinstance(eos, int) else list(eos)
+        self.eos = folder_eos(path, self.tokenizer)
         self.data = recipe.data
 
     def generate(self, prompts: list[list[int]], seed: int) -> list[list[list[int]]]:
@@ -240,6 +233,19 @@ def _context(path: str) -> int:
     from align.verifier import context_length
 
     return context_length(AutoConfig.from_pretrained(path)) or 4096
+
+
+def folder_eos(path: str, tokenizer) -> list[int]:
+    """The tokens that end the verifier's text, read from its folder (no model loaded): its generation config's EOS
+    ids, else its tokenizer's."""
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:
+        eos = None
+    eos = tokenizer.eos_token_id if eos is None else eos
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
 def _cut(tokens: list[int], eos: list[int]) -> list[int]:

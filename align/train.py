@@ -43,7 +43,7 @@ from align.export import export_checkpoint
 from align.files import discard_partial, write_text
 from align.locks import hold_folder
 from align.loading import (check_model_folder, default_device, load_drafter_model, load_tokenizer, load_verifier_model,
-                           shared_vocab_size)
+                           shared_vocab_size, usable_cores)
 from align.metrics import expected_streak
 from align.rollouts import generate_rollouts, rollout_meta
 from align.drafter import FAMILIES
@@ -70,8 +70,7 @@ def main(argv: list[str]) -> int:
     lead = rank == 0
     recipe = fit_micro_batch(recipe, world, lead)  # before anything costs time
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, cores // local_world))  # the cores this process may run on (taskset, cgroups)
+    torch.set_num_threads(max(1, usable_cores() // local_world))
     check_run_folder(out, recipe)
     if lead:  # one run per output folder: held until this process exits
         hold_folder(out, "a training run")

@@ -83,7 +83,7 @@ def decode(ckpt: str, regime: str, seed: int, out: Path, limit: int, extra: list
     r = json.loads((out / "acceptance.json").read_text())["results"][0]
     alpha = r["per_position"]
     return {"accepted_mean": r["accepted_mean"], "tau": r["tau"],
-            "alpha": {j: alpha[j - 1] if len(alpha) >= j else None for j in POSITIONS},
+            "alpha": {str(j): alpha[j - 1] if len(alpha) >= j else None for j in POSITIONS},  # JSON's keys
             "per_category": r["per_category"]}
 
 
@@ -161,8 +161,7 @@ def table(results: dict, recipe: str, steps: int) -> str:
         if not runs:
             continue
         swept = ", ".join(f"{float(lr):g}{'*' if float(lr) == entry['lr'] else ''}" for lr in entry["sweep"])
-        alphas = [_mean_sd([r["alpha"][str(j)] if str(j) in r["alpha"] else r["alpha"].get(j) for r in runs])
-                  for j in POSITIONS]
+        alphas = [_mean_sd([r["alpha"][str(j)] for r in runs]) for j in POSITIONS]
         lines.append(f"| {regime} | {variant} | {swept} | {_mean_sd([r['accepted_mean'] for r in runs])} | {len(runs)} | "
                      f"{_mean_sd([r['expected_streak'] for r in runs])} | {_mean_sd([r['greedy_streak'] for r in runs])} | "
                      + " | ".join(alphas) + f" | {_mean_sd([r['s_per_step'] for r in runs])} |")

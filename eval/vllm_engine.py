@@ -44,7 +44,8 @@ def measure(verifier: str, drafters: list[tuple[str, str]], prompts: list[list[i
         import vllm  # noqa: F401
     except ImportError:
         raise AlignError("--engine vllm needs vLLM in this environment: on CPU run `make vllm-env`, then "
-                         ".venv-vllm/bin/python -m eval.acceptance --engine vllm ...; on GPU pip install vllm") from None
+                         ".venv-vllm/bin/python -m eval.acceptance --engine vllm ...; on GPU pip install vllm"
+                         ) from None
     results = []
     for c in concurrency:
         common = dict(verifier=verifier, prompts=prompts, temperature=temperature, max_new_tokens=max_new_tokens,
@@ -102,23 +103,18 @@ def _child(config: dict[str, Any]) -> dict[str, Any]:
     if config["drafter"]:
         spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": config["gamma"]}
     import torch
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer
 
-    from align.rollouts import _context
+    from align.rollouts import _context, folder_eos
 
     path = config["verifier"]
     extra = {} if torch.cuda.is_available() else {"enforce_eager": True, "kv_cache_memory_bytes": 1 << 28}
     llm = LLM(model=path, dtype=config["dtype"], seed=config["seed"], max_num_seqs=config["concurrency"],
               max_model_len=min(4096, _context(path)), disable_log_stats=False, generation_config="vllm",
               speculative_config=spec, **extra)
-    try:  # stop where align's own loop stops: the verifier's generation config EOS, else its tokenizer's
-        eos = GenerationConfig.from_pretrained(path).eos_token_id
-    except OSError:
-        eos = None
-    eos = AutoTokenizer.from_pretrained(path).eos_token_id if eos is None else eos
     params = SamplingParams(temperature=config["temperature"], max_tokens=config["max_new_tokens"],
                             seed=config["seed"] if config["temperature"] > 0 else None,
-                            stop_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)))
+                            stop_token_ids=folder_eos(path, AutoTokenizer.from_pretrained(path)))  # where align stops
     prompts = [{"prompt_token_ids": ids} for ids in config["prompts"]]
 
     def counters() -> dict[str, Any]:

@@ -88,8 +88,9 @@ def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bo
     with exclusive(cache_dir(), "zoo", "the tiny zoo"):
         threads = torch.get_num_threads()
         # under a launcher each local process got its share of the cores; the others wait on the lock, so take theirs
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(threads, min(cores, threads * int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
+        from align.loading import usable_cores
+
+        torch.set_num_threads(max(threads, min(usable_cores(), threads * int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
         try:
             return _build(names, spec, force)
         finally:
@@ -171,9 +172,9 @@ def _save(name: str, model: torch.nn.Module, tokenizer, meta: dict, code: list[P
     with atomic_folder(out, f"zoo:{name}") as partial:
         model.save_pretrained(str(partial))
         if not (partial / "config.json").is_file():  # transformers skips the write on a non-zero distributed rank
-            raise AlignError(f"transformers wrote no model for zoo:{name} (this process is rank {os.environ.get('RANK')}"
-                             " of a distributed run, and only rank 0 writes); build the zoo first: "
-                             "python -m align.zoo build")
+            raise AlignError(f"transformers wrote no model for zoo:{name} (this process is rank "
+                             f"{os.environ.get('RANK')} of a distributed run, and only rank 0 writes); build the zoo "
+                             "first: python -m align.zoo build")
         tokenizer.save_pretrained(str(partial))
         for file in code:
             shutil.copy(file, partial / file.name)
