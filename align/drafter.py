@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 
 from align.drafter_pass import DiffusionGemmaPass, grad_free, lean_default, with_cache
@@ -48,6 +49,15 @@ class Family:
                       state: "PrefixState | None" = None) -> torch.Tensor:
         """Logits (B, γ, V) for the canvas (B, γ) after a left-padded prefix (B, L) with its 0/1 mask."""
         raise NotImplementedError
+
+    def canvas_logits_many(self, model: Any, prefixes: list[torch.Tensor], canvas: torch.Tensor,
+                           self_conditioning: torch.Tensor | None, states: "list[PrefixState]") -> torch.Tensor:
+        """Logits (B, γ, V) for canvas row b after prefix b (1, L_b), prefixes of different lengths, in one call:
+        left-padded to the longest (``states``, one per row, are what a family that caches the prefix keeps)."""
+        longest = max(p.shape[1] for p in prefixes)
+        padded = torch.stack([F.pad(p[0], (longest - p.shape[1], 0)) for p in prefixes])
+        mask = torch.stack([F.pad(torch.ones_like(p[0]), (longest - p.shape[1], 0)) for p in prefixes])
+        return self.canvas_logits(model, padded, mask, canvas, self_conditioning)
 
 
 @dataclass
@@ -73,18 +83,14 @@ class DiffusionGemmaFamily(Family):
     def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None):
         gamma = canvas.shape[1]
         if state is not None:  # decoding, batch 1, no padding: encode only what the cache has not seen
-            ids = prefix[0].tolist()
-            if state.cache is None or ids[:len(state.ids)] != state.ids:
-                state.cache, state.ids = DynamicCache(config=model.config), []
             lean = state.lean if state.lean is not None and state.lean.usable else None
-            start, new = len(state.ids), prefix[:, len(state.ids):]
-            state.ids = ids
+            start, new = self._advance(state, prefix, model.config)
             if lean is not None:  # one pass through the model's parts
-                logits = lean.logits(state.cache, start, new if new.shape[1] else None, canvas, self_conditioning)
+                logits = lean.logits(state.cache, start, new, canvas, self_conditioning)
                 if not lean.checked:  # once per model: against the model's own forward
                     logits = lean.check(prefix, canvas, self_conditioning, state, logits)
                 return logits
-            if new.shape[1]:
+            if new is not None:
                 model.model.encoder(input_ids=new, **with_cache(state.cache),
                                     position_ids=torch.arange(start, start + new.shape[1], device=new.device)[None])
             return model(**with_cache(state.cache), decoder_input_ids=canvas,
@@ -99,6 +105,32 @@ class DiffusionGemmaFamily(Family):
             decoder_position_ids=length + torch.arange(gamma, device=canvas.device),
             self_conditioning_logits=self_conditioning,
         ).logits
+
+    def canvas_logits_many(self, model, prefixes, canvas, self_conditioning, states):
+        """Each row keeps its own encoder cache: through the lean pass, every row's new tokens and canvas in one pass
+        (attention per row, against its cache); otherwise (no lean pass, or before its first check) row by row."""
+        lean = states[0].lean
+        if lean is None or not lean.usable or not lean.checked or any(s.lean is not lean for s in states):
+            return torch.cat([self.canvas_logits(model, prefix, None, canvas[b:b + 1],
+                                                 None if self_conditioning is None else self_conditioning[b:b + 1],
+                                                 state)
+                              for b, (prefix, state) in enumerate(zip(prefixes, states))])
+        parts = []
+        for prefix, state in zip(prefixes, states):
+            start, new = self._advance(state, prefix, model.config)  # may give the state a new cache
+            parts.append((state.cache, start, new))
+        return lean.logits_many(parts, canvas, self_conditioning)
+
+    @staticmethod
+    def _advance(state: PrefixState, prefix: torch.Tensor, config: Any) -> tuple[int, torch.Tensor | None]:
+        """Bring ``state`` to ``prefix`` (1, L): a new cache unless the cached tokens begin the prefix. Returns where
+        the tokens the cache has not seen start, and those tokens (1, n), or None when there are none."""
+        ids = prefix[0].tolist()
+        if state.cache is None or ids[:len(state.ids)] != state.ids:
+            state.cache, state.ids = DynamicCache(config=config), []
+        start = len(state.ids)
+        state.ids = ids
+        return start, (prefix[:, start:] if len(ids) > start else None)
 
 
 class MaskedFamily(Family):
@@ -182,7 +214,7 @@ class Drafter:
 
     def reset(self) -> None:
         """Forget the cached prefix (start of a new sequence); ``lean`` takes effect here."""
-        self.state = PrefixState(lean=self.lean_pass if self.lean else None)
+        self.state = self.new_state()
 
     def marginals(self, prefix: torch.Tensor, gamma: int, steps: int = 1, temperature: float = 0.0,
                   generator: torch.Generator | None = None) -> torch.Tensor:
@@ -191,22 +223,42 @@ class Drafter:
         ``temperature`` is how positions are committed at intermediate steps (0: argmax, else a sample at that
         temperature); the returned rows are at temperature 1 (apply the draft temperature when sampling).
         """
-        with grad_free(self.lean):
-            return self._marginals(prefix, gamma, steps, temperature, generator)
+        state = self.state if prefix.shape[0] == 1 else None
 
-    def _marginals(self, prefix, gamma, steps, temperature, generator) -> torch.Tensor:
+        def logits_of(canvas, self_conditioning):
+            return self.family.canvas_logits(self.model, prefix, None, canvas, self_conditioning, state)
+
+        with grad_free(self.lean):
+            return self._denoise(logits_of, prefix.shape[0], gamma, steps, temperature, generator, prefix.device)
+
+    def marginals_many(self, prefixes: list[torch.Tensor], states: list[PrefixState], gamma: int, steps: int = 1,
+                       temperature: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+        """:meth:`marginals` for several sequences of different lengths at once, each prefix (1, L_b) with its own
+        state (:meth:`new_state`; kept up to date as ``self.state`` is by :meth:`marginals`): one drafter pass per
+        denoising step for the whole batch (DiffusionGemma through the lean pass: each row's new tokens and canvas;
+        bidirectional families: the prefixes left-padded). Returns (B, γ, V)."""
+
+        def logits_of(canvas, self_conditioning):
+            return self.family.canvas_logits_many(self.model, prefixes, canvas, self_conditioning, states)
+
+        with grad_free(self.lean):
+            return self._denoise(logits_of, len(prefixes), gamma, steps, temperature, generator, prefixes[0].device)
+
+    def new_state(self) -> PrefixState:
+        """The state of a sequence not seen yet."""
+        return PrefixState(lean=self.lean_pass if self.lean else None)
+
+    def _denoise(self, logits_of, batch, gamma, steps, temperature, generator, device) -> torch.Tensor:
+        """T denoising steps from a fully noised canvas; ``logits_of(canvas, self_conditioning)`` is the drafter."""
         if gamma <= 0 or steps <= 0:
             raise AlignError(f"gamma and steps must be positive, got gamma={gamma}, steps={steps}")
-        batch = prefix.shape[0]
-        device = prefix.device
         uniform = torch.rand((batch, gamma), generator=generator, device=device)
         empty = torch.full((batch, gamma), -100, dtype=torch.long, device=device)
         canvas = canvas_for(self.family, empty, uniform, 1.0, self.mask_token_id, self.vocab_size, generator)
         committed = torch.zeros((batch, gamma), dtype=torch.bool, device=device)
         self_conditioning = None
-        state = self.state if batch == 1 else None
         for step in range(steps):
-            logits = self.family.canvas_logits(self.model, prefix, None, canvas, self_conditioning, state)
+            logits = logits_of(canvas, self_conditioning)
             logq = logits[..., :self.vocab_size].float().log_softmax(-1)
             if step == steps - 1:
                 break

@@ -177,14 +177,25 @@ class DiffusionGemmaPass:
     def logits(self, cache: Any, start: int, new: torch.Tensor | None, canvas: torch.Tensor,
                self_conditioning: torch.Tensor | None = None) -> torch.Tensor:
         """Append the keys and values of ``new`` (1, n; None: nothing new) at positions start.. to ``cache``, and
-        return the canvas's logits (B, γ, V), float32 and soft-capped, after the prefix now in ``cache``."""
-        n = 0 if new is None else new.shape[1]
+        return the canvas's logits (1, γ, V), float32 and soft-capped, after the prefix now in ``cache``."""
+        return self.logits_many([(cache, start, new)], canvas, self_conditioning)
+
+    @torch.inference_mode()
+    def logits_many(self, parts: list[tuple[Any, int, torch.Tensor | None]], canvas: torch.Tensor,
+                    self_conditioning: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`logits` for several sequences at once: part b = (its own cache, start, new tokens (1, n_b) or
+        None) with canvas row b (B, γ). Their rows go through every layer together (one matmul per weight for the
+        whole batch, however different the lengths); only attention runs per sequence, each against its own cache.
+        Returns (B, γ, V)."""
+        segments = [(cache, start, 0 if new is None else new.shape[1]) for cache, start, new in parts]
         # one pass only in full precision: in half precision, rows batched differently round differently, enough
         # to move the router's top-k choices (then the two passes, which round as the model's forward does)
         fused = self.fused and self.decoder.embed_tokens.weight.dtype in (torch.float32, torch.float64)
-        if n and not fused:  # the encoder's layers, then the decoder's
-            self._layers(self.encoder, self.encoder.embed_tokens(new), start, n, 0, cache)
-            start, n = start + n, 0
+        if not fused and any(n for *_, n in segments):  # the encoder's layers, then the decoder's
+            encoding = [(segment, new) for segment, (*_, new) in zip(segments, parts) if new is not None]
+            self._layers(self.encoder, torch.cat([self.encoder.embed_tokens(new) for _, new in encoding], dim=1),
+                         [segment for segment, _ in encoding], 0)
+            segments = [(cache, start + n, 0) for cache, start, n in segments]
         dec = self.decoder
         embed, sc = dec.embed_tokens, dec.self_conditioning
         h = embed(canvas)
@@ -199,23 +210,39 @@ class DiffusionGemmaPass:
             soft = _rms(soft, sc.pre_norm.weight, sc.pre_norm.eps)
             signal = _linear(sc.act_fn(_linear(soft, sc.gate_proj)) * _linear(soft, sc.up_proj), sc.down_proj)
             h = _rms(h + signal, None, sc.post_norm.eps)
-        if n:  # the new prefix tokens as the first rows (the encoder's embedding)
-            h = torch.cat([self.encoder.embed_tokens(new), h], dim=1)
-        h = self._layers(dec, h, start, n, canvas.shape[1], cache)
+        if any(n for *_, n in segments):  # each sequence's new prefix tokens (the encoder's embedding), its canvas
+            rows = []
+            for b, ((*_, n), (*_, new)) in enumerate(zip(segments, parts)):
+                rows += [self.encoder.embed_tokens(new), h[b:b + 1]] if n else [h[b:b + 1]]
+            h = torch.cat(rows, dim=1)
+        else:
+            h = h.reshape(1, -1, h.shape[-1])
+        h = self._layers(dec, h, segments, canvas.shape[1])
         h = _rms(h, dec.norm.weight, dec.norm.eps)
         logits = _linear(h, self.model.lm_head).to(torch.float32)
         if self.softcap is not None:  # in place: the same three operations without two (γ, V) temporaries
             logits = logits.div_(self.softcap).tanh_().mul_(self.softcap)
-        return logits
+        return logits.view(canvas.shape[0], canvas.shape[1], -1)
 
-    def _layers(self, stack: Any, h: torch.Tensor, start: int, n: int, c: int, cache: Any) -> torch.Tensor:
-        """Rows h = n new prefix tokens (positions start..) ‖ c canvas tokens through ``stack``'s layers; returns
-        the canvas rows (or, with no canvas, nothing useful: the last layer stops at its keys and values)."""
-        rope = {kind: self._rope(stack.rotary_emb, kind, start, n + c, h) for kind in set(self.types)}
-        masks: dict[str, torch.Tensor | None] = {}
+    def _layers(self, stack: Any, h: torch.Tensor, segments: list[tuple[Any, int, int]], c: int) -> torch.Tensor:
+        """Rows h (1, R, D): per segment (cache, start, n), its n new prefix tokens (positions start..) then c
+        canvas tokens, through ``stack``'s layers; returns the canvas rows (or, with no canvas, nothing useful: the
+        last layer stops at its keys and values)."""
+        if len(segments) == 1:
+            _, start, n = segments[0]
+            rope = {kind: self._rope(stack.rotary_emb, kind, start, n + c, h) for kind in set(self.types)}
+            canvas_rows: slice | torch.Tensor = slice(n, None)
+        else:  # one table slice covering every segment, rows picked by position
+            lo, hi = min(s for _, s, _ in segments), max(s + n + c for _, s, n in segments)
+            index = torch.cat([torch.arange(s - lo, s - lo + n + c) for _, s, n in segments]).to(h.device)
+            rope = {kind: tuple(t[:, index] for t in self._rope(stack.rotary_emb, kind, lo, hi - lo, h))
+                    for kind in set(self.types)}
+            ends = torch.tensor([n + c for *_, n in segments]).cumsum(0).tolist()
+            canvas_rows = torch.cat([torch.arange(end - c, end) for end in ends]).to(h.device)
+        masks: dict[tuple[str, int], torch.Tensor | None] = {}
         last = len(self.types) - 1
         for i, layer in enumerate(stack.layers[:len(self.types)]):
-            h = self._layer(layer, i, h, rope[self.types[i]], cache, start, n, c, masks, last=i == last)
+            h = self._layer(layer, i, h, rope[self.types[i]], segments, c, canvas_rows, masks, last=i == last)
         return h
 
     def _rope(self, rotary: Any, kind: str, start: int, rows: int,
@@ -260,10 +287,11 @@ class DiffusionGemmaPass:
             mask &= key > torch.where(prefix_row, query, end) - self.window
         return mask[None, None]
 
-    def _layer(self, layer: Any, i: int, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: Any,
-               start: int, n: int, c: int, masks: dict, last: bool) -> torch.Tensor:
-        """One layer over n new prefix rows and c canvas rows: the new rows' keys and values join the cache; with
-        none new, the canvas reads the cache as the decoder does."""
+    def _layer(self, layer: Any, i: int, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+               segments: list[tuple[Any, int, int]], c: int, canvas_rows: slice | torch.Tensor, masks: dict,
+               last: bool) -> torch.Tensor:
+        """One layer over each segment's n new prefix rows and c canvas rows: the new rows' keys and values join
+        the segment's cache; with none new, the canvas reads the cache as the decoder does."""
         attn, eps = layer.self_attn, self.eps
         x = _rms(h, layer.input_layernorm.weight, eps)
         shape = (*x.shape[:-1], -1, attn.head_dim)
@@ -272,30 +300,36 @@ class DiffusionGemmaPass:
         v = _linear(x, attn.v_proj).view(shape) if attn.v_proj is not None else k
         k = _rotate(_rms(k, attn.k_norm.weight, eps), cos, sin).transpose(1, 2)
         v = _rms(v, None, eps).transpose(1, 2)
-        if n:
-            past_k, past_v = cache.update(k[:, :, :n], v[:, :, :n], i)  # what the encoder's attention reads
-            if c == 0 and last:  # nothing reads the encoder's last hidden states in decoding
-                return h
-        else:
-            past_k, past_v = cache.layers[i].keys, cache.layers[i].values
-        kind = self.types[i]
-        if kind not in masks:
-            masks[kind] = self._mask(kind, start, n, c, past_k.shape[-2], x.device)
-        mask = masks[kind]
-        k = torch.cat([past_k, k[:, :, n:]], dim=-2) if c else past_k
-        v = torch.cat([past_v, v[:, :, n:]], dim=-2) if c else past_v
-        if last and n and c:  # the last layer's new rows only had to leave their keys and values
-            h, x, cos, sin = h[:, n:], x[:, n:], cos[:, n:], sin[:, n:]
-            mask = mask[:, :, n:] if mask is not None else None
+        kind, keys, offset = self.types[i], [], 0
+        for b, (cache, start, n) in enumerate(segments):
+            own_k, own_v = (k, v) if len(segments) == 1 else (k[:, :, offset:offset + n + c],
+                                                                v[:, :, offset:offset + n + c])
+            offset += n + c
+            if n:
+                past_k, past_v = cache.update(own_k[:, :, :n], own_v[:, :, :n], i)  # what the encoder's attention reads
+            else:
+                past_k, past_v = cache.layers[i].keys, cache.layers[i].values
+            if (kind, b) not in masks:
+                masks[kind, b] = self._mask(kind, start, n, c, past_k.shape[-2], x.device)
+            keys.append((torch.cat([past_k, own_k[:, :, n:]], dim=-2) if c else past_k,
+                         torch.cat([past_v, own_v[:, :, n:]], dim=-2) if c else past_v))
+        if c == 0 and last:  # nothing reads the encoder's last hidden states in decoding
+            return h
+        trim = last and c and any(n for *_, n in segments)
+        if trim:  # the last layer's new rows only had to leave their keys and values
+            h, x, cos, sin = h[:, canvas_rows], x[:, canvas_rows], cos[:, canvas_rows], sin[:, canvas_rows]
         q = _rotate(_rms(_linear(x, attn.q_proj).view(*x.shape[:-1], -1, attn.head_dim), attn.q_norm.weight, eps),
                     cos, sin).transpose(1, 2)
-        groups = attn.num_key_value_groups
-        # grouped keys as they are (CPU: with a mask too, bitwise the same as repeating them); elsewhere as
-        # transformers' sdpa_attention_forward decides
-        gqa = groups > 1 and (k.device.type == "cpu" or (mask is None and k.shape[-1] <= 256))
-        if groups > 1 and not gqa:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)
+        outs, offset = [], 0
+        for b, ((cache, start, n), (k, v)) in enumerate(zip(segments, keys)):
+            rows = c if trim else n + c
+            own_q = q if len(segments) == 1 else q[:, :, offset:offset + rows]
+            offset += rows
+            mask = masks[kind, b]
+            if trim and mask is not None:
+                mask = mask[:, :, n:]
+            outs.append(self._attend(attn, own_q, k, v, mask))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         out = _linear(out.transpose(1, 2).reshape(*x.shape[:-1], -1), attn.o_proj)
         h = h + _rms(out, layer.post_attention_layernorm.weight, eps)
 
@@ -313,6 +347,18 @@ class DiffusionGemmaPass:
         experts = _rms(experts, layer.post_feedforward_layernorm_2.weight, eps)
         h = residual + _rms(dense + experts, layer.post_feedforward_layernorm.weight, eps)
         return h * layer.layer_scalar
+
+    @staticmethod
+    def _attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Scaled dot-product attention of one sequence's queries over its keys and values."""
+        groups = attn.num_key_value_groups
+        # grouped keys as they are (CPU: with a mask too, bitwise the same as repeating them); elsewhere as
+        # transformers' sdpa_attention_forward decides
+        gqa = groups > 1 and (k.device.type == "cpu" or (mask is None and k.shape[-1] <= 256))
+        if groups > 1 and not gqa:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)
 
     def _route(self, router: Any, normalised: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``DiffusionGemmaTextRouter`` from its (scale-free) norm's output: top-k weights (normalised, per-expert

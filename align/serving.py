@@ -23,7 +23,9 @@ The draft is the argmax of the drafter's marginals after T steps, γ = ``num_spe
 the model's length leaves less room. Prefix state: each running request keeps its drafter state (DiffusionGemma:
 the encoder's KV cache), found again at the next step as the state whose tokens begin the request's context, so
 only the tokens added since (accepted drafts and the bonus token) are encoded; states of requests that are no
-longer running are dropped after each step. Requests are drafted one after another, each in one drafter pass.
+longer running are dropped after each step. Every running request is drafted in the same drafter pass
+(:meth:`align.drafter.Drafter.marginals_many`: DiffusionGemma's rows go through each layer together, attention per
+request against its own cache); a request near the length limit gets γ drafted and keeps what fits.
 """
 
 from __future__ import annotations
@@ -77,29 +79,27 @@ class DiffusionProposer:
                 best, best_len = i, n
         if best is not None and best_len > 0:
             return self.states.pop(best)
-        self.drafter.reset()
-        return self.drafter.state
+        return self.drafter.new_state()
 
     @torch.inference_mode()
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 *args: Any, **kwargs: Any) -> list[list[int]]:
-        """Draft tokens for every row of vLLM's batch (``[]``: none); vLLM's arrays are read, never written."""
+        """Draft tokens for every row of vLLM's batch (``[]``: none), all rows in one drafter pass per denoising
+        step; vLLM's arrays are read, never written."""
         if self.drafter is None:
             self.load_model()
         self.calls += 1
-        drafts: list[list[int]] = []
-        kept: list[PrefixState] = []
         device = self.drafter.device
-        for row, sampled in enumerate(sampled_token_ids):
-            n = int(num_tokens_no_spec[row])
-            room = min(self.gamma, self.max_model_len - n - 1)
-            if not sampled or room <= 0:  # a prefill still in chunks, or no room left before the length limit
-                drafts.append([])
-                continue
-            context = [int(t) for t in token_ids_cpu[row, :n]]
-            self.drafter.state = self._state_for(context)
-            logq = self.drafter.marginals(torch.tensor([context], device=device), room, self.steps)
-            drafts.append([int(t) for t in logq[0].argmax(-1).tolist()])
-            kept.append(self.drafter.state)
-        self.states = kept  # requests that did not run this step (finished or preempted) lose their state
+        rooms = [min(self.gamma, self.max_model_len - int(num_tokens_no_spec[row]) - 1) if sampled else 0
+                 for row, sampled in enumerate(sampled_token_ids)]  # none for a prefill still in chunks
+        rows = [row for row, room in enumerate(rooms) if room > 0]
+        contexts = [[int(t) for t in token_ids_cpu[row, :int(num_tokens_no_spec[row])]] for row in rows]
+        states = [self._state_for(context) for context in contexts]
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        if rows:  # γ for every row (one canvas shape), each cut to the room its request has left
+            prefixes = [torch.tensor([context], device=device) for context in contexts]
+            tokens = self.drafter.marginals_many(prefixes, states, self.gamma, self.steps).argmax(-1).tolist()
+            for row, draft in zip(rows, tokens):
+                drafts[row] = draft[:rooms[row]]
+        self.states = states  # requests that did not run this step (finished or preempted) lose their state
         return drafts

@@ -120,6 +120,78 @@ def test_lean_pass_equals_the_model_forward(name):
     assert "sliding_attention" not in text.layer_types or length > 2 * text.sliding_window
 
 
+# several sequences decoded side by side (vLLM's batch): per step, how much each one's prefix grew; they start at
+# different times (0 before the prompt arrives), so lengths differ, and some rows add nothing (a later denoising step)
+GROWTHS = [[20, 1, 0, 5, 17], [0, 11, 3, 0, 1], [9, 0, 16, 1, 0]]
+
+
+@pytest.mark.parametrize("name", ["sliding", "untied-layer-scalars", "replica"])
+def test_one_pass_for_many_sequences_equals_each_alone(name):
+    """``logits_many``: rows of sequences of different lengths, each with its own cache, through the layers together
+    give each sequence the logits and cache it gets alone (sliding windows crossed, new tokens mixed with rows that
+    add none, self-conditioning; fused and two-pass)."""
+    model = MODELS[name]()
+    batched, alone = DiffusionGemmaPass(model), DiffusionGemmaPass(model)
+    vocab = model.config.text_config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    ids = [torch.randint(4, vocab, (1, sum(growth)), generator=g) for growth in GROWTHS]
+    ours = [DynamicCache(config=model.config) for _ in GROWTHS]
+    theirs = [DynamicCache(config=model.config) for _ in GROWTHS]
+    lengths, previous = [0] * len(GROWTHS), None
+    for step in range(len(GROWTHS[0])):
+        active = [b for b, growth in enumerate(GROWTHS) if lengths[b] + growth[step] > 0]
+        canvas = torch.randint(0, vocab, (len(active), 6), generator=g)
+        self_conditioning = previous if previous is not None and previous.shape[0] == len(active) else None
+        parts, expected = [], []
+        for row, b in enumerate(active):
+            grow, start = GROWTHS[b][step], lengths[b]
+            new = ids[b][:, start:start + grow] if grow else None
+            parts.append((ours[b], start, new))
+            expected.append(alone.logits(theirs[b], start, new, canvas[row:row + 1],
+                                         None if self_conditioning is None else self_conditioning[row:row + 1]))
+            lengths[b] += grow
+        got = batched.logits_many(parts, canvas, self_conditioning)
+        close(got, torch.cat(expected))
+        for b in active:
+            for mine, reference in zip(ours[b].layers, theirs[b].layers):
+                assert mine.keys.shape == reference.keys.shape
+                close(mine.keys, reference.keys)
+                close(mine.values, reference.values)
+        previous = got
+    assert max(lengths) > 2 * model.config.text_config.sliding_window
+
+
+@pytest.mark.parametrize("family", ["diffusiongemma", "mdlm", "dream"])
+@pytest.mark.parametrize("lean", [True, False])
+def test_drafting_many_sequences_in_one_call_gives_each_its_own_logits(family, lean):
+    """``Family.canvas_logits_many`` (what ``Drafter.marginals_many`` calls per denoising step) against each row
+    alone: DiffusionGemma through the lean pass (each row's own cache) or row by row, bidirectional families as one
+    left-padded batch. The rows' states follow their prefixes, a row that starts over too."""
+    if family == "dream" and not lean:
+        pytest.skip("one path for dream")
+    from align.drafter import FAMILIES
+
+    drafter = Drafter(tiny_drafter(family, 3), family, VOCAB, mask_token_id=3, lean=lean)
+    fam, g = FAMILIES[family], torch.Generator().manual_seed(2)
+    states = [drafter.new_state() for _ in range(3)]
+    prefixes = [torch.randint(4, VOCAB, (1, n), generator=g) for n in (7, 19, 12)]
+    for step, grow in enumerate([(0, 0, 0), (3, 0, 1), (0, 0, 0), (17, 2, 5)]):
+        if step == 2:  # a request that comes back (preempted, then resumed) with no state
+            states[1] = drafter.new_state()
+        prefixes = [torch.cat([p, torch.randint(4, VOCAB, (1, n), generator=g)], 1) for p, n in zip(prefixes, grow)]
+        canvas = torch.randint(4, VOCAB, (3, 5), generator=g)
+        with torch.inference_mode():
+            got = fam.canvas_logits_many(drafter.model, prefixes, canvas, None, states)
+            for b, prefix in enumerate(prefixes):
+                alone = Drafter(drafter.model, family, VOCAB, mask_token_id=3, lean=lean)
+                expected = fam.canvas_logits(drafter.model, prefix, None, canvas[b:b + 1], None, alone.state)
+                close(got[b:b + 1], expected)
+        if family == "diffusiongemma":
+            assert [s.ids for s in states] == [p[0].tolist() for p in prefixes]
+    if family == "diffusiongemma" and lean:
+        assert drafter.lean_pass.checked and drafter.lean_pass.usable
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_one_pass_and_no_work_past_the_encoders_last_keys(fused, monkeypatch):
     """Tied layers: the new tokens and the canvas share each layer's matmuls (one pass, not an encoder pass and a

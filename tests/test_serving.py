@@ -41,7 +41,7 @@ def proposer(path: Path, verifier: Path, gamma: int, max_len: int, monkeypatch):
     return p
 
 
-def test_proposer_drafts_what_the_drafter_drafts_keeps_prefix_state_and_respects_the_length(
+def test_proposer_drafts_every_request_in_one_pass_keeps_prefix_state_and_respects_the_length(
         aligned, vllm_verifier, monkeypatch):
     from align.loading import load_drafter_model
     from align.drafter import Drafter
@@ -51,30 +51,35 @@ def test_proposer_drafts_what_the_drafter_drafts_keeps_prefix_state_and_respects
     rows = [[2, 11, 12, 13, 14], [2, 21, 22], [2, 31, 32, 33]]
     for i, row in enumerate(rows):
         tokens[i, :len(row)] = row
-    lengths = np.array([5, 3, 4], dtype=np.int32)
     torch.manual_seed(0)
-    first = p.propose([[14], [], [33]], lengths, tokens)  # row 1: a prefill still in chunks
-    assert [len(d) for d in first] == [4, 0, 4]
+    first = p.propose([[14], []], np.array([5, 3], dtype=np.int32), tokens)  # row 1: a prefill still in chunks
+    assert [len(d) for d in first] == [4, 0]
     model, tokenizer = load_drafter_model(str(aligned), "diffusiongemma")
     reference = Drafter(model, "diffusiongemma", p.drafter.vocab_size, tokenizer.mask_token_id)
     torch.manual_seed(0)
-    expected = reference.marginals(torch.tensor([rows[0]]), 4, 1)[0].argmax(-1).tolist()
-    assert first[0] == expected
-    kept = {id(s) for s in p.states}
-    assert len(kept) == 2 and all(len(s.ids) > 0 for s in p.states)
+    assert first[0] == reference.marginals(torch.tensor([rows[0]]), 4, 1)[0].argmax(-1).tolist()
+    assert len(p.states) == 1 and p.states[0].ids == rows[0]
+    state_of_row0 = p.states[0]
 
-    # next step: row 0 grew by two tokens (an accepted draft and the bonus token), row 2 finished, a new request
-    # fills the last slot but one of the model's length: room for 40 - 37 - 1 = 2 draft tokens
+    # next step: row 0 grew by two tokens (an accepted draft and the bonus token), row 1 finished its prefill and a
+    # third request joined: three requests, one drafter pass
+    passes = []
+    batched = p.drafter.lean_pass.logits_many
+    monkeypatch.setattr(p.drafter.lean_pass, "logits_many", lambda parts, *a: passes.append(len(parts)) or
+                        batched(parts, *a))
     tokens[0, 5:7] = [first[0][0], 7]
-    tokens[1, :37] = 5
-    state_of_row0 = next(s for s in p.states if s.ids == rows[0])
-    second = p.propose([[first[0][0], 7], [5]], np.array([7, 37], dtype=np.int32), tokens)
-    assert [len(d) for d in second] == [4, 2]
+    second = p.propose([[first[0][0], 7], [22], [33]], np.array([7, 3, 4], dtype=np.int32), tokens)
+    assert [len(d) for d in second] == [4, 4, 4] and passes == [3], "every request in one pass"
     assert any(s is state_of_row0 for s in p.states), "row 0 kept its prefix state"
     assert state_of_row0.ids == tokens[0, :7].tolist()
-    assert len(p.states) == 2, "the finished request's state was dropped"
-    third = p.propose([[5]], np.array([39], dtype=np.int32), tokens[1:])
-    assert third == [[]], "no draft past the model's length"
+    assert sorted(len(s.ids) for s in p.states) == [3, 4, 7]
+
+    # then row 0 finished, and a request fills the model's length but for three slots: room for 40 - 37 - 1 = 2
+    tokens[0, :37] = 5
+    third = p.propose([[5], [22]], np.array([37, 3], dtype=np.int32), tokens[:2])
+    assert [len(d) for d in third] == [2, 4] and passes == [3, 2]
+    assert len(p.states) == 2, "the finished requests' states were dropped"
+    assert p.propose([[5]], np.array([39], dtype=np.int32), tokens[:1]) == [[]], "no draft past the model's length"
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"no vLLM environment at {VLLM_PYTHON} (make vllm-env)")
