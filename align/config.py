@@ -99,6 +99,10 @@ class DistillConfig:
     schedule_fraction: float = option(0.5, "Fraction of train.max_steps before the switch, or over which to anneal.",
                                       min=0.0, max=1.0)
     stride: int = option(1, "Distance between window offsets within a rollout.", min=1)
+    denoise_steps: int = option(1, "T that decoding will use: each micro-batch trains at a step k drawn from "
+                                "0..T-1 of its confidence schedule (k passes without gradient commit the drafter's most "
+                                "confident tokens, self-conditioning on the last; align/distill/denoise.py). 1: every "
+                                "window fully noised.", min=1, max=64)
 
 
 @dataclass

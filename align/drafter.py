@@ -179,6 +179,32 @@ def canvas_for(family: Family, labels: torch.Tensor, noise: torch.Tensor, rate: 
     return torch.where(corrupt, filler, labels.clamp(min=0))
 
 
+def commit_step(logq: torch.Tensor, canvas: torch.Tensor, committed: torch.Tensor, step: int, steps: int,
+                masked: bool, vocab_size: int, temperature: float = 0.0,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step`` (0-based) of T = ``steps`` of the confidence schedule, after the drafter gave ``logq`` (B, γ, V)
+    for ``canvas`` (B, γ): commit the most confident uncommitted positions, an even share of what remains per step
+    left, to their argmax (``temperature`` 0) or a sample at ``temperature``; uniform-noise canvases (``masked``
+    False) re-noise the rest, masked ones keep them masked. Returns the new canvas and committed mask."""
+    batch, gamma = canvas.shape
+    remaining = (~committed).sum(-1)
+    share = torch.ceil(remaining / (steps - step)).long()
+    if temperature > 0:
+        tokens = torch.multinomial((logq / temperature).softmax(-1).view(-1, logq.shape[-1]), 1,
+                                   generator=generator).view(batch, gamma)
+    else:
+        tokens = logq.argmax(-1)
+    confidence = logq.gather(-1, tokens[..., None])[..., 0].masked_fill(committed, -math.inf)
+    rank = confidence.argsort(-1, descending=True).argsort(-1)
+    new = (rank < share[:, None]) & ~committed
+    committed = committed | new
+    canvas = torch.where(committed, torch.where(new, tokens, canvas), canvas)
+    if not masked:  # uniform-noise canvases re-noise what is not committed
+        noise = torch.randint(0, vocab_size, canvas.shape, generator=generator, device=canvas.device)
+        canvas = torch.where(committed, canvas, noise)
+    return canvas, committed
+
+
 # ------------------------------------------------------------------------------------------------ the drafter
 
 
@@ -262,22 +288,8 @@ class Drafter:
             logq = logits[..., :self.vocab_size].float().log_softmax(-1)
             if step == steps - 1:
                 break
-            # commit the most confident uncommitted positions: an even share of what remains per step left
-            remaining = (~committed).sum(-1)
-            share = torch.ceil(remaining / (steps - step)).long()
-            if temperature > 0:
-                tokens = torch.multinomial((logq / temperature).softmax(-1).view(-1, logq.shape[-1]), 1,
-                                           generator=generator).view(batch, gamma)
-            else:
-                tokens = logq.argmax(-1)
-            confidence = logq.gather(-1, tokens[..., None])[..., 0].masked_fill(committed, -math.inf)
-            rank = confidence.argsort(-1, descending=True).argsort(-1)
-            new = (rank < share[:, None]) & ~committed
-            committed |= new
-            canvas = torch.where(committed, torch.where(new, tokens, canvas), canvas)
-            if not self.family.masked:  # uniform-noise canvases re-noise what is not committed
-                noise = torch.randint(0, self.vocab_size, canvas.shape, generator=generator, device=device)
-                canvas = torch.where(committed, canvas, noise)
+            canvas, committed = commit_step(logq, canvas, committed, step, steps, self.family.masked,
+                                            self.vocab_size, temperature, generator)
             self_conditioning = logits
         if committed.any():
             onehot = torch.full_like(logq, -math.inf).scatter_(-1, canvas[..., None], 0.0)

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from align.config import Recipe, build_recipe, load_recipe, packing_on, save_recipe
 from align.distill.backend import Engine, deepspeed_config, list_checkpoints
+from align.distill.denoise import advance, denoise_step
 from align.distill.losses import LOSSES, NEEDS_TEACHER, PER_WINDOW, ce_loss
 from align.distill.packing import make_packed, offsets_per_call, packed_logits, packed_teacher_logits
 from align.distill.windows import make_windows, window_index
@@ -133,11 +134,12 @@ def main(argv: list[str]) -> int:
         return make(rows, pairs, gamma, recipe.data.max_prefix_len, d.family, mask_id, vocab,
                     recipe.run.seed).to(engine.device)
 
-    def forward(batch):
+    def forward(batch, self_conditioning=None):
+        """The drafter's logits over its whole vocabulary (what self-conditioning reads)."""
         if hasattr(batch, "slots"):
-            return packed_logits(engine.engine, batch)[..., :vocab]
-        logits = FAMILIES[d.family].canvas_logits(engine.engine, batch.prefix, batch.prefix_mask, batch.canvas)
-        return logits[..., :vocab]
+            return packed_logits(engine.engine, batch, self_conditioning)
+        return FAMILIES[d.family].canvas_logits(engine.engine, batch.prefix, batch.prefix_mask, batch.canvas,
+                                                self_conditioning)
 
     # ----------------------------------------------------------------------------------------- resume
     checkpoints = out / "checkpoints"
@@ -162,7 +164,7 @@ def main(argv: list[str]) -> int:
         sums = torch.zeros(3 + gamma, dtype=torch.float64)
         for lo in range(0, len(mine), recipe.train.micro_batch_size):
             batch = batch_of(mine[lo:lo + recipe.train.micro_batch_size])
-            logits = forward(batch).float()
+            logits = forward(batch)[..., :vocab].float()
             valid = batch.labels >= 0
             logq = (logits / temperature).log_softmax(-1).gather(-1, batch.labels.clamp(min=0)[..., None])[..., 0]
             q = logq.exp() * valid
@@ -200,7 +202,13 @@ def main(argv: list[str]) -> int:
         for micro in range(accumulation):
             lo = (micro * world + rank) * t.micro_batch_size
             batch = batch_of(windows[lo:lo + t.micro_batch_size], pack=packed)
-            logits = forward(batch)
+            k, self_conditioning = denoise_step(recipe.distill.denoise_steps, recipe.run.seed, step, micro), None
+            if k:  # T > 1: the canvases decoding has at step k (align/distill/denoise.py)
+                noise = torch.Generator(engine.device).manual_seed(zlib.crc32(f"{recipe.run.seed}/{step}/{micro}/"
+                                                                              f"{rank}".encode()))
+                batch, self_conditioning = advance(forward, batch, k, recipe.distill.denoise_steps,
+                                                   FAMILIES[d.family].masked, vocab, noise)
+            logits = forward(batch, self_conditioning)[..., :vocab]
             loss = torch.zeros((), device=logits.device)
             if share:
                 target = None

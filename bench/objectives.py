@@ -3,6 +3,7 @@
     python bench/objectives.py                                          # greedy and sampled regimes, recipes/tiny.yaml
     python bench/objectives.py --recipe recipes/tiny-mdlm.yaml --regimes greedy --objectives ce,streak_ce
     python bench/objectives.py --objectives ce,margin+ce --lrs 1e-3,2e-3 --seeds 0 --steps 100   # a quick look
+    python bench/objectives.py --regimes greedy --objectives ce,ce-T2,ce-T4 --lrs 2e-3 --decode-steps 1,2,4
 
 Protocol. Every run trains the recipe for ``--steps`` optimizer steps on the same windows in the same order (only
 the objective's keys, ``train.lr`` and ``run.seed`` change). Learning rate: seed 0 is trained at every rate in
@@ -48,6 +49,8 @@ VARIANTS = {
     "sampled_streak": ["distill.objective=sampled_streak"],
     "sampled_streak+ce": ["distill.objective=sampled_streak", "distill.ce_weight=1.0"],
     "ce-then-tv": ["distill.objective=tv", "distill.schedule=switch"],
+    "ce-T2": ["distill.objective=ce", "distill.denoise_steps=2"],  # trained for drafting in 2 denoising steps
+    "ce-T4": ["distill.objective=ce", "distill.denoise_steps=4"],
 }
 DEFAULT_OBJECTIVES = {"greedy": "ce,streak,streak_ce,first_failure,margin+ce,ce-then-streak_ce",
                       "sampled": "ce,tv,kd,sampled_streak,sampled_streak+ce"}
@@ -75,16 +78,19 @@ def train(recipe: str, folder: Path, regime: str, variant: str, lr: float, seed:
             "s_per_step": statistics.median(per_step) if per_step else None}
 
 
-def decode(ckpt: str, regime: str, seed: int, out: Path, limit: int, extra: list[str]) -> dict:
+def decode(ckpt: str, regime: str, seed: int, out: Path, limit: int, extra: list[str], steps: str = "1") -> dict:
     if not (out / "acceptance.json").is_file():
         run([sys.executable, "-m", "eval.acceptance", "--ckpt", ckpt, "--suite", "tinyworld", "--gamma", "16",
              "--max-new-tokens", "160", "--temperature", REGIMES[regime]["verify"], "--seed", str(seed),
-             "--baseline", "none", "--out", str(out), *(["--limit", str(limit)] if limit else []), *extra])
-    r = json.loads((out / "acceptance.json").read_text())["results"][0]
+             "--steps", steps, "--baseline", "none", "--out", str(out), *(["--limit", str(limit)] if limit else []),
+             *extra])
+    results = json.loads((out / "acceptance.json").read_text())["results"]
+    r = results[0]
     alpha = r["per_position"]
     return {"accepted_mean": r["accepted_mean"], "tau": r["tau"],
             "alpha": {str(j): alpha[j - 1] if len(alpha) >= j else None for j in POSITIONS},  # JSON's keys
-            "per_category": r["per_category"]}
+            "per_category": r["per_category"],
+            "accepted_by_steps": {str(x["steps"]): x["accepted_mean"] for x in results}}
 
 
 def main() -> None:
@@ -99,6 +105,8 @@ def main() -> None:
     p.add_argument("--extra", default="", help="more overrides for every run, space separated")
     p.add_argument("--out", default=None, help="default runs/bench/objectives-<recipe name>")
     p.add_argument("--limit", type=int, default=96, help="held-out prompts per evaluation (0: all)")
+    p.add_argument("--decode-steps", default="1", help="denoising steps T at decoding (comma list; other than 1: "
+                   "each kept run is decoded at every T into eval-T<list>, and a table of accepted per T is printed)")
     args = p.parse_args()
     name = Path(args.recipe).stem
     out = ROOT / (args.out or f"runs/bench/objectives-{name}")
@@ -129,16 +137,25 @@ def main() -> None:
             best = max(lrs, key=lambda lr: entry["sweep"][str(lr)][metric])
             entry["lr"] = best
             for seed in seeds:
-                if str(seed) in entry["seeds"] and entry["seeds"][str(seed)].get("lr") == best:
-                    continue
                 folder = out / f"{regime}-{variant}-lr{best:g}-s{seed}"
-                trained = train(args.recipe, folder, regime, variant, best, seed, args.steps, extra)
-                decoded = decode(str(folder / "final"), regime, seed, folder / "eval", args.limit, [])
-                entry["seeds"][str(seed)] = {"lr": best, **trained, **decoded}
-                save()
-                print(f"{regime} {variant} lr {best:g} seed {seed}: accepted {decoded['accepted_mean']:.3f}",
-                      flush=True)
+                kept = entry["seeds"].get(str(seed))
+                if kept is None or kept.get("lr") != best:
+                    trained = train(args.recipe, folder, regime, variant, best, seed, args.steps, extra)
+                    decoded = decode(str(folder / "final"), regime, seed, folder / "eval", args.limit, [])
+                    kept = entry["seeds"][str(seed)] = {"lr": best, **trained, **decoded}
+                    save()
+                    print(f"{regime} {variant} lr {best:g} seed {seed}: accepted {decoded['accepted_mean']:.3f}",
+                          flush=True)
+                if args.decode_steps != "1" and kept.get("by_steps", {}).get("steps") != args.decode_steps:
+                    decoded = decode(str(folder / "final"), regime, seed, folder / f"eval-T{args.decode_steps}",
+                                     args.limit, [], args.decode_steps)
+                    kept["by_steps"] = {"steps": args.decode_steps, "prompts": args.limit,
+                                        "accepted": decoded["accepted_by_steps"]}
+                    save()
+                    print(f"{regime} {variant} seed {seed}: accepted by T {decoded['accepted_by_steps']}", flush=True)
     print(table(results, args.recipe, args.steps))
+    if args.decode_steps != "1":
+        print(steps_table(results, args.decode_steps))
 
 
 def _mean_sd(values: list[float]) -> str:
@@ -165,6 +182,21 @@ def table(results: dict, recipe: str, steps: int) -> str:
         lines.append(f"| {regime} | {variant} | {swept} | {_mean_sd([r['accepted_mean'] for r in runs])} | {len(runs)} | "
                      f"{_mean_sd([r['expected_streak'] for r in runs])} | {_mean_sd([r['greedy_streak'] for r in runs])} | "
                      + " | ".join(alphas) + f" | {_mean_sd([r['s_per_step'] for r in runs])} |")
+    return "\n".join(lines)
+
+
+def steps_table(results: dict, steps: str) -> str:
+    """Accepted per block when decoding in T denoising steps, mean ± sd over the kept seeds."""
+    ts = steps.split(",")
+    lines = ["| regime | objective | seeds | prompts | " + " | ".join(f"accepted, T = {t}" for t in ts) + " |",
+             "|---|---|---|---|" + "---|" * len(ts)]
+    for key, entry in results.items():
+        regime, variant = key.split("/", 1)
+        runs = [r["by_steps"] for r in entry["seeds"].values()
+                if r.get("lr") == entry.get("lr") and r.get("by_steps", {}).get("steps") == steps]
+        if runs:
+            lines.append(f"| {regime} | {variant} | {len(runs)} | {runs[0]['prompts']} | "
+                         + " | ".join(_mean_sd([r["accepted"][t] for r in runs]) for t in ts) + " |")
     return "\n".join(lines)
 
 

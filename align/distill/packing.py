@@ -21,7 +21,7 @@ chunk of C offsets of every rollout that has one, reading the same encoder keys:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -46,6 +46,16 @@ class PackedBatch:
     def to(self, device) -> "PackedBatch":
         return PackedBatch(*(t.to(device) for t in (self.seq, self.seq_mask, self.prompt_len, self.offsets,
                                                    self.canvas, self.labels, self.slots)))
+
+    def window_canvases(self) -> torch.Tensor:
+        """The canvases (N, γ), in the order of ``labels``."""
+        return self.canvas.view(-1, self.canvas.shape[-1])[self.slots]
+
+    def with_canvases(self, canvas: torch.Tensor) -> "PackedBatch":
+        """The same windows with other canvases (N, γ, in the order of ``labels``) in their slots."""
+        slots = self.canvas.clone()
+        slots.view(-1, slots.shape[-1])[self.slots] = canvas
+        return replace(self, canvas=slots)
 
 
 def make_packed(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int, family: str,

@@ -10,7 +10,7 @@ Shifted versus same-position logits is the family's business (``Family.canvas_lo
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -26,6 +26,14 @@ class WindowBatch:
 
     def to(self, device) -> "WindowBatch":
         return WindowBatch(*(t.to(device) for t in (self.prefix, self.prefix_mask, self.canvas, self.labels)))
+
+    def window_canvases(self) -> torch.Tensor:
+        """The canvases (N, γ), in the order of ``labels``."""
+        return self.canvas
+
+    def with_canvases(self, canvas: torch.Tensor) -> "WindowBatch":
+        """The same windows with other canvases (N, γ, in the order of ``labels``)."""
+        return replace(self, canvas=canvas)
 
 
 def window_index(lengths: list[int], rows: list[int], stride: int = 1) -> torch.Tensor:
