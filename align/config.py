@@ -99,6 +99,13 @@ class DistillConfig:
     schedule_fraction: float = option(0.5, "Fraction of train.max_steps before the switch, or over which to anneal.",
                                       min=0.0, max=1.0)
     stride: int = option(1, "Distance between window offsets within a rollout.", min=1)
+    canvas_seed: int | None = option(None, "Train from one fixed fully noised canvas, drawn from this seed, instead "
+                                     "of a fresh draw per window (uniform-noise families): in one-step drafting its "
+                                     "positions become markers the drafter learns; the export's meta.json carries it "
+                                     "and decoding drafts from the same canvas. null: a fresh draw.", min=0)
+    next_token_weight: float = option(0.0, "Weight of a next-token cross-entropy on the drafter's own prefix pass, "
+                                      "every response token a label (packed training only: the encoder reads each "
+                                      "rollout once anyway; its weights are the decoder's).", min=0.0)
     denoise_steps: int = option(1, "T that decoding will use: each micro-batch trains at a step k drawn from "
                                 "0..T-1 of its confidence schedule (k passes without gradient commit the drafter's most "
                                 "confident tokens, self-conditioning on the last; align/distill/denoise.py). 1: every "
@@ -344,6 +351,10 @@ def _check_recipe(recipe: Recipe) -> None:
         raise RecipeError(f"recipe key data.packing: true needs a causal prefix encoder (diffusiongemma); the "
                           f"{recipe.drafter.family} family re-reads its prefix bidirectionally, so windows cannot "
                           "share it: set data.packing: null (or false; distill.stride subsamples offsets)")
+    if recipe.distill.next_token_weight and not packing_on(recipe):
+        raise RecipeError(f"recipe key distill.next_token_weight: got {recipe.distill.next_token_weight}; it reads the "
+                          "packed prefix pass, and this recipe trains one window at a time (data.packing off or a "
+                          f"{recipe.drafter.family} drafter): set distill.next_token_weight: 0 or data.packing: null")
     if recipe.distill.gamma > recipe.data.max_new_tokens:
         raise RecipeError(f"recipe key distill.gamma: got {recipe.distill.gamma}, longer than any rollout can be "
                           f"(data.max_new_tokens is {recipe.data.max_new_tokens}); lower distill.gamma or raise "

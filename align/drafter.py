@@ -179,6 +179,17 @@ def canvas_for(family: Family, labels: torch.Tensor, noise: torch.Tensor, rate: 
     return torch.where(corrupt, filler, labels.clamp(min=0))
 
 
+def fixed_canvas(family: Family, gamma: int, mask_token_id: int | None, vocab_size: int, canvas_seed: int,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """The one fully noised canvas (γ,) of a drafter trained with ``distill.canvas_seed``: γ uniform tokens drawn
+    from a generator seeded by ``canvas_seed`` (all [MASK] for masked families), the same for every window and
+    block. Drafting in one step reads nothing from a fully noised canvas but its positions, so a fixed one turns the
+    canvas into fixed position markers the drafter can learn, where a fresh draw per block is noise it must ignore."""
+    generator = torch.Generator().manual_seed(canvas_seed)
+    empty = torch.full((1, gamma), -100, dtype=torch.long)
+    return canvas_for(family, empty, torch.zeros(1, gamma), 1.0, mask_token_id, vocab_size, generator)[0].to(device)
+
+
 def commit_step(logq: torch.Tensor, canvas: torch.Tensor, committed: torch.Tensor, step: int, steps: int,
                 masked: bool, vocab_size: int, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,7 +227,7 @@ class Drafter:
     """
 
     def __init__(self, model: Any, family: str, vocab_size: int, mask_token_id: int | None = None,
-                 lean: bool | None = None):
+                 lean: bool | None = None, canvas_seed: int | None = None):
         if family not in FAMILIES:
             raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join(FAMILIES)}")
         self.model = model.eval()
@@ -226,6 +237,7 @@ class Drafter:
             raise AlignError(f"the {family} family needs a mask token: the drafter's tokenizer has none; "
                              "set drafter.mask_token_id")
         self.mask_token_id = mask_token_id
+        self.canvas_seed = canvas_seed  # the fixed first canvas the drafter was trained with (None: a fresh draw)
         # decoding through the model's parts (DiffusionGemmaPass) or, lean=False / ALIGN_LEAN=0, its own forward
         self.lean = lean_default() if lean is None else lean
         self.lean_pass = None
@@ -281,6 +293,9 @@ class Drafter:
         uniform = torch.rand((batch, gamma), generator=generator, device=device)
         empty = torch.full((batch, gamma), -100, dtype=torch.long, device=device)
         canvas = canvas_for(self.family, empty, uniform, 1.0, self.mask_token_id, self.vocab_size, generator)
+        if self.canvas_seed is not None:
+            canvas = fixed_canvas(self.family, gamma, self.mask_token_id, self.vocab_size, self.canvas_seed,
+                                  device).expand(batch, gamma)
         committed = torch.zeros((batch, gamma), dtype=torch.bool, device=device)
         self_conditioning = None
         for step in range(steps):

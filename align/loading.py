@@ -8,6 +8,7 @@ distribution; the verifier's distribution is never changed.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,17 @@ def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_rem
     return model.eval(), load_tokenizer(path, "drafter", trust_remote_code)
 
 
+def canvas_seed_of(path: str) -> int | None:
+    """The fixed canvas an exported drafter was trained with (its meta.json's ``canvas_seed``; None: none, or not an
+    export), which decoding must draft from."""
+    meta = Path(resolve(str(path))) / "meta.json"
+    try:
+        seed = json.loads(meta.read_text()).get("canvas_seed") if meta.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return None
+    return seed if isinstance(seed, int) else None
+
+
 def check_model_folder(path: str, role: str) -> None:
     """Before anything loads: a local model folder has a config and weights whose headers read (a truncated or
     half-copied ``*.safetensors`` is named here, not after an hour of other work). Hub names pass through."""
@@ -174,7 +186,7 @@ def load_pair(drafter_path: str, verifier_path: str, family: str, dtype: str = "
                          "shared vocabulary")
     if mask_token_id is None:
         mask_token_id = drafter_tokenizer.mask_token_id
-    drafter = Drafter(drafter_model, family, vocab, mask_token_id)
+    drafter = Drafter(drafter_model, family, vocab, mask_token_id, canvas_seed=canvas_seed_of(drafter_path))
     return drafter, Verifier(verifier_model), tokenizer
 
 

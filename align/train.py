@@ -35,8 +35,9 @@ from tqdm.auto import tqdm
 from align.config import Recipe, build_recipe, load_recipe, packing_on, save_recipe
 from align.distill.backend import Engine, deepspeed_config, list_checkpoints
 from align.distill.denoise import advance, denoise_step
-from align.distill.losses import LOSSES, NEEDS_TEACHER, PER_WINDOW, ce_loss
-from align.distill.packing import make_packed, offsets_per_call, packed_logits, packed_teacher_logits
+from align.distill.losses import LOSSES, NEEDS_TEACHER, PER_WINDOW, ce_loss, next_token_loss
+from align.distill.packing import (make_packed, next_token_labels, offsets_per_call, packed_logits,
+                                   packed_teacher_logits)
 from align.distill.windows import make_windows, window_index
 from align.errors import AlignError, run_cli
 from align.distill.lora import add_lora
@@ -131,13 +132,14 @@ def main(argv: list[str]) -> int:
 
     def batch_of(pairs: torch.Tensor, pack: bool = False):
         make = make_packed if pack else make_windows
-        return make(rows, pairs, gamma, recipe.data.max_prefix_len, d.family, mask_id, vocab,
-                    recipe.run.seed).to(engine.device)
+        return make(rows, pairs, gamma, recipe.data.max_prefix_len, d.family, mask_id, vocab, recipe.run.seed,
+                    canvas_seed=recipe.distill.canvas_seed).to(engine.device)
 
-    def forward(batch, self_conditioning=None):
-        """The drafter's logits over its whole vocabulary (what self-conditioning reads)."""
+    def forward(batch, self_conditioning=None, next_token=False):
+        """The drafter's logits over its whole vocabulary (what self-conditioning reads); with ``next_token``, also
+        its prefix pass's next-token logits (packed batches)."""
         if hasattr(batch, "slots"):
-            return packed_logits(engine.engine, batch, self_conditioning)
+            return packed_logits(engine.engine, batch, self_conditioning, next_token)
         return FAMILIES[d.family].canvas_logits(engine.engine, batch.prefix, batch.prefix_mask, batch.canvas,
                                                 self_conditioning)
 
@@ -196,6 +198,8 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         windows = train_pairs[order.take(step * t.global_batch_size, t.global_batch_size)]
         dens = denominators(windows, lengths, gamma, recipe)  # known from the labels alone, for the whole batch
+        next_weight = recipe.distill.next_token_weight
+        next_den = next_token_denominator(windows, lengths, t.micro_batch_size) if next_weight else 1.0
         share = objective_share(recipe, step)  # of the objective; cross-entropy takes the rest, plus ce_weight
         ce_share = (1.0 - share) + recipe.distill.ce_weight
         total = torch.zeros(1, dtype=torch.float64)
@@ -208,8 +212,13 @@ def main(argv: list[str]) -> int:
                                                                               f"{rank}".encode()))
                 batch, self_conditioning = advance(forward, batch, k, recipe.distill.denoise_steps,
                                                    FAMILIES[d.family].masked, vocab, noise)
-            logits = forward(batch, self_conditioning)[..., :vocab]
+            logits = forward(batch, self_conditioning, next_token=bool(next_weight))
+            logits, next_logits = logits if next_weight else (logits, None)
+            logits = logits[..., :vocab]
             loss = torch.zeros((), device=logits.device)
+            if next_weight:  # the prefix pass as a next-token predictor, every response token a label
+                term = next_token_loss(next_logits[..., :vocab], next_token_labels(batch)[1], temperature)
+                loss = loss + next_weight * term.num / next_den
             if share:
                 target = None
                 if teacher is not None:
@@ -354,6 +363,13 @@ def denominators(windows: torch.Tensor, lengths: list[int], gamma: int, recipe: 
     valid = torch.tensor([min(gamma, lengths[row] - t) for row, t in windows.tolist()], dtype=torch.float64)
     per_window = recipe.distill.objective in PER_WINDOW
     return torch.stack([torch.tensor(float(len(windows))) if per_window else valid.sum(), valid.sum()]).float()
+
+
+def next_token_denominator(windows: torch.Tensor, lengths: list[int], micro_batch_size: int) -> float:
+    """Response tokens the next-token term reads in a whole global batch: each micro-batch encodes each rollout it
+    holds windows of once (a rollout split over two micro-batches counts twice)."""
+    return float(sum(lengths[row] for lo in range(0, len(windows), micro_batch_size)
+                     for row in set(windows[lo:lo + micro_batch_size, 0].tolist())))
 
 
 @torch.no_grad()

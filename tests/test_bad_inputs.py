@@ -56,6 +56,7 @@ RECIPE_OVERRIDES = {  # (overrides on top of a good recipe, words)
     "unknown-family": (["drafter.family=gpt"], "drafter.family"),
     "batch-not-multiple": (["train.micro_batch_size=3", "train.global_batch_size=8"], "global_batch_size"),
     "packing-with-mdlm": (["drafter.family=mdlm", "data.packing=true"], "data.packing"),
+    "next-token-per-window": (["data.packing=false", "distill.next_token_weight=1"], "distill.next_token_weight"),
     "offload-without-zero3": (["deepspeed.offload_params=true"], "zero_stage"),
     "bad-override-syntax": (["train.max_steps"], "bad override"),
     "unknown-override-key": (["train.speed=3"], "unknown recipe key 'train.speed'"),

@@ -10,7 +10,7 @@ from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
 from align.drafter import FAMILIES
 from align.distill.losses import LOSSES
-from align.distill.packing import make_packed, packed_logits, packed_teacher_logits
+from align.distill.packing import make_packed, next_token_labels, packed_logits, packed_teacher_logits
 from align.distill.windows import make_windows, window_index
 from align.errors import AlignError
 from conftest import tiny_drafter, tiny_verifier
@@ -133,3 +133,45 @@ def test_packed_self_conditioning_equals_per_window():
         conditioned = packed_logits(model, packed, previous)
     assert (conditioned - per_window).abs().max() < 1e-5
     assert (conditioned - plain).abs().max() > 1e-3
+
+
+def test_next_token_logits_are_the_encoders_own_at_every_response_token():
+    """The packed prefix pass's next-token logits equal a plain causal encoder pass over prompt ‖ response[:j], read
+    at its last position, for every response token j of every rollout (the label it is scored against)."""
+    model = sliding_drafter().eval()
+    rows = rollouts(count=4, seed=3)
+    pairs = window_index([len(r["response_ids"]) for r in rows], list(range(len(rows))))
+    packed = make_packed(rows, pairs, 4, 512, "diffusiongemma", None, VOCAB, 0)
+    with torch.no_grad():
+        _, next_logits = packed_logits(model, packed, next_token=True)
+    labels = next_token_labels(packed)[1]
+    expected_labels, expected_logits = [], []
+    with torch.no_grad():
+        for row in rows:  # make_packed keeps the rollouts' order
+            tokens = row["prompt_ids"] + row["response_ids"]
+            hidden = model.model.encoder(input_ids=torch.tensor([tokens])).last_hidden_state[0]
+            for j in range(len(row["response_ids"])):
+                expected_labels.append(row["response_ids"][j])
+                expected_logits.append(model.lm_head(hidden[len(row["prompt_ids"]) + j - 1]))
+    expected, cap = torch.stack(expected_logits), model.final_logit_softcapping
+    expected = expected if cap is None else torch.tanh(expected / cap) * cap
+    assert labels.tolist() == expected_labels
+    assert (next_logits - expected).abs().max() < 1e-4 * expected.abs().max()
+
+
+def test_a_canvas_seed_gives_every_window_the_same_canvas_packed_or_not():
+    from align.drafter import fixed_canvas
+
+    model = sliding_drafter().eval()
+    rows, gamma = rollouts(seed=4), 5
+    pairs = window_index([len(r["response_ids"]) for r in rows], list(range(len(rows))))
+    args = (rows, pairs, gamma, 512, "diffusiongemma", None, VOCAB, 0)
+    windows, packed = make_windows(*args, canvas_seed=3), make_packed(*args, canvas_seed=3)
+    canvas = fixed_canvas(FAMILIES["diffusiongemma"], gamma, None, VOCAB, 3)
+    assert torch.equal(windows.canvas, canvas.expand(len(pairs), -1))
+    assert torch.equal(packed.window_canvases(), windows.canvas)
+    assert not torch.equal(make_windows(*args).canvas[0], make_windows(*args).canvas[1])  # without: a draw each
+    with torch.no_grad():
+        per_window = FAMILIES["diffusiongemma"].canvas_logits(model, windows.prefix, windows.prefix_mask,
+                                                              windows.canvas)
+        assert (packed_logits(model, packed) - per_window).abs().max() < 1e-5

@@ -175,3 +175,29 @@ def test_blocks_carry_their_time_split():
     for block in out.stats.blocks:
         assert 0 < block.drafter_s and 0 < block.verifier_s and block.drafter_s + block.verifier_s <= block.total_s
     assert sum(b.total_s for b in out.stats.blocks) <= out.stats.total_s + 1e-9
+
+
+def test_a_drafter_with_a_canvas_seed_drafts_from_that_one_canvas_losslessly():
+    """canvas_seed: every block starts from fixed_canvas (whatever the generator), the logits are the family's on that
+    canvas, and decoding stays the verifier's own; without it, each block draws its own canvas."""
+    from align.drafter import FAMILIES as families, fixed_canvas
+
+    model = tiny_drafter("diffusiongemma", 2)
+    prefix = torch.tensor([[5, 6, 7, 8, 9]])
+    fixed = Drafter(model, "diffusiongemma", VOCAB, canvas_seed=7)
+    a = fixed.marginals(prefix, 6, generator=torch.Generator().manual_seed(0))
+    fixed.reset()
+    b = fixed.marginals(prefix, 6, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+    canvas = fixed_canvas(families["diffusiongemma"], 6, None, VOCAB, 7)
+    with torch.no_grad():
+        expected = families["diffusiongemma"].canvas_logits(model, prefix, None, canvas[None])
+    assert (a - expected[..., :VOCAB].float().log_softmax(-1)).abs().max() < 1e-4
+    free = Drafter(model, "diffusiongemma", VOCAB)
+    c = free.marginals(prefix, 6, generator=torch.Generator().manual_seed(0))
+    free.reset()
+    assert not torch.equal(c, free.marginals(prefix, 6, generator=torch.Generator().manual_seed(1)))
+    for seed in range(3):
+        for steps in (1, 3):
+            check_greedy(Drafter(model, "diffusiongemma", VOCAB, canvas_seed=seed), tiny_verifier(seed), seed, 8,
+                         steps, "inside")

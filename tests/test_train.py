@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -35,6 +36,8 @@ def overrides(model_dirs, prompts, out, family="diffusiongemma", **extra) -> lis
     }
     if family == "dream":
         base["drafter.trust_remote_code"] = "true"
+    if family != "diffusiongemma":  # recipes/tiny.yaml's next-token term reads DiffusionGemma's packed prefix pass
+        base["distill.next_token_weight"] = 0
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
 
@@ -164,6 +167,31 @@ def test_every_family_and_objective_trains(model_dirs, world_prompts, tmp_path, 
     assert not any("lora" in name for name, _ in model.named_parameters())  # adapters merged at export
 
 
+def test_the_next_token_term_is_added_with_its_weight(model_dirs, world_prompts, tmp_path):
+    """distill.next_token_weight w adds w times one term to step 1's loss (two micro-batches, the drafter as loaded),
+    and that term is a cross-entropy of the order of an untrained model's, ln V."""
+    first = {}
+    for w in (0.0, 1.0, 2.0):
+        out = tmp_path / f"w{w}"
+        assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1,
+                                                                     "distill.next_token_weight": w})) == 0
+        first[w] = losses(out)[0]
+    term = first[1.0] - first[0.0]
+    assert abs((first[2.0] - first[0.0]) - 2 * term) < 1e-4 * first[2.0]
+    vocab = len(json.loads((Path(model_dirs["diffusiongemma"]) / "tokenizer.json").read_text())["model"]["vocab"])
+    assert 0.5 * math.log(vocab) < term < 2 * math.log(vocab), (term, vocab)
+
+
+def test_the_canvas_seed_travels_with_the_export(model_dirs, world_prompts, tmp_path):
+    from align.loading import canvas_seed_of, load_pair
+
+    out = tmp_path / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1, "distill.canvas_seed": 5})) == 0
+    assert json.loads((out / "final" / "meta.json").read_text())["canvas_seed"] == 5
+    drafter, _, _ = load_pair(str(out / "final"), str(model_dirs["verifier"]), "diffusiongemma")
+    assert drafter.canvas_seed == 5 and canvas_seed_of(model_dirs["diffusiongemma"]) is None
+
+
 def test_export_cli_matches_the_final_export(model_dirs, world_prompts, tmp_path):
     out = tmp_path / "run"
     assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2})) == 0
@@ -183,7 +211,8 @@ def test_bad_input_is_refused_with_one_line(model_dirs, world_prompts, tmp_path)
         (["distill.objective=magic"], "distill.objective"),
         (["distill.gamma=200"], "longer than any rollout can be"),
         ([f"drafter.path={model_dirs['verifier']}"], "is a llama model, not a DiffusionGemma"),
-        ([f"drafter.path={model_dirs['verifier']}", "drafter.family=mdlm"], "causal language model.*not a diffusion"),
+        ([f"drafter.path={model_dirs['verifier']}", "drafter.family=mdlm", "distill.next_token_weight=0"],
+         "causal language model.*not a diffusion"),
     ]
     for extra, words in cases:
         with pytest.raises(AlignError, match=words):

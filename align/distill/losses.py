@@ -203,6 +203,14 @@ def ce_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
     return LossTerm(-token_logprobs(logits, labels, temperature).sum(), (labels >= 0).sum().double())
 
 
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> LossTerm:
+    """Next-token cross-entropy on the drafter's prefix pass (packed training; logits (P, V), labels (P,)):
+
+        L = -(1/P) Σ_{response positions i} log softmax(e_{i-1} / τ)[x_i],  e: the encoder's logits, den = P.
+    """
+    return ce_loss(logits[None], labels[None], temperature)
+
+
 def kd_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None) -> LossTerm:
     """Forward KL to the verifier at every block position (DistillSpec, uniform weights):
 

@@ -59,7 +59,8 @@ class PackedBatch:
 
 
 def make_packed(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int, family: str,
-                mask_token_id: int | None, vocab_size: int, seed: int, pad_token_id: int = 0) -> PackedBatch:
+                mask_token_id: int | None, vocab_size: int, seed: int, pad_token_id: int = 0,
+                canvas_seed: int | None = None) -> PackedBatch:
     """Group windows ``pairs`` (rows of (rollout row, offset)) by rollout: one sequence per rollout, the offsets
     in slots of C per decoder call. Canvases and labels are those :func:`make_windows` gives the same windows."""
     groups: dict[int, list[int]] = {}
@@ -86,7 +87,7 @@ def make_packed(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int, 
         for k, t in enumerate(ts):
             j, c = divmod(k, per_call)
             offsets[i, j, c] = t
-            canvas[i, j, c] = window_canvas(family, row, t, gamma, mask_token_id, vocab_size, seed)
+            canvas[i, j, c] = window_canvas(family, row, t, gamma, mask_token_id, vocab_size, seed, canvas_seed)
             slot_of[(row, t)] = (i * calls + j) * per_call + c
     slots = torch.empty(len(pairs), dtype=torch.long)
     for n, (row, t) in enumerate(pairs.tolist()):
@@ -111,9 +112,14 @@ def block_diffusion_model(model: Any) -> Any:
     raise AlignError("data.packing needs a DiffusionGemma drafter (an encoder and a decoder); set data.packing: false")
 
 
-def packed_logits(model: Any, batch: PackedBatch, self_conditioning: torch.Tensor | None = None) -> torch.Tensor:
+def packed_logits(model: Any, batch: PackedBatch, self_conditioning: torch.Tensor | None = None,
+                  next_token: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Drafter logits (N, γ, V) of every window in ``batch``, in the order of ``batch.labels``; with
-    ``self_conditioning`` (N, γ, V: a previous step's logits, same order) the decoder conditions on it."""
+    ``self_conditioning`` (N, γ, V: a previous step's logits, same order) the decoder conditions on it.
+
+    ``next_token``: also return the encoder's own logits (P, V) at the positions :func:`next_token_labels` names,
+    the prefix pass read as a next-token predictor (the trunk it shares with the decoder learns from every response
+    token, as an autoregressive drafter's does)."""
     core = block_diffusion_model(model)
     text = core.config.text_config
     attention = _attention_kind(text)
@@ -131,8 +137,8 @@ def packed_logits(model: Any, batch: PackedBatch, self_conditioning: torch.Tenso
         encoder_masks[kind] = _as_mask(allowed[None, None] & (real | positions[None, None, :, None].eq(
             positions[None, None, None, :])), attention)
     cache = DynamicCache()  # keeps every layer's keys whole; the masks below apply each window's view
-    core.model.encoder(input_ids=batch.seq, attention_mask=encoder_masks, position_ids=positions[None].expand(g, -1),
-                       cache=cache)
+    encoded = core.model.encoder(input_ids=batch.seq, attention_mask=encoder_masks,
+                                 position_ids=positions[None].expand(g, -1), cache=cache).last_hidden_state
 
     own = torch.arange(per_call, device=device).repeat_interleave(gamma)  # canvas position -> its slot in the call
     same_window = own[:, None] == own[None, :]  # (C·γ, C·γ)
@@ -163,7 +169,22 @@ def packed_logits(model: Any, batch: PackedBatch, self_conditioning: torch.Tenso
         ).last_hidden_state
         where[rows, j] = sum(len(h) for h in out) + torch.arange(len(rows) * per_call, device=device).view(-1, per_call)
         out.append(hidden.reshape(len(rows) * per_call, gamma, -1))
-    hidden = torch.cat(out)[where.view(-1)[batch.slots]]
+    logits = _head(core, torch.cat(out)[where.view(-1)[batch.slots]])
+    if not next_token:
+        return logits
+    return logits, _head(core, encoded[next_token_labels(batch)[0]])
+
+
+def next_token_labels(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(where (G, S): the encoder positions whose next token is a response token, labels (P,): those tokens)."""
+    positions = torch.arange(batch.seq.shape[1], device=batch.seq.device)
+    after = positions[None, :] + 1
+    where = (after >= batch.prompt_len[:, None]) & (after < batch.seq_mask.sum(1, keepdim=True))
+    return where, batch.seq.roll(-1, dims=1)[where]
+
+
+def _head(core: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The drafter's output logits (float32, soft-capped as the model caps them)."""
     logits = core.lm_head(hidden).float()
     cap = core.final_logit_softcapping
     return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from align.drafter import FAMILIES, canvas_for
+from align.drafter import FAMILIES, canvas_for, fixed_canvas
 
 
 @dataclass
@@ -43,9 +43,10 @@ def window_index(lengths: list[int], rows: list[int], stride: int = 1) -> torch.
 
 
 def make_windows(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int, family: str,
-                 mask_token_id: int | None, vocab_size: int, seed: int, pad_token_id: int = 0) -> WindowBatch:
+                 mask_token_id: int | None, vocab_size: int, seed: int, pad_token_id: int = 0,
+                 canvas_seed: int | None = None) -> WindowBatch:
     """Collate windows ``pairs`` (rows of (rollout row, offset)) of ``rollouts`` (rows with prompt_ids and
-    response_ids) into a left-padded batch."""
+    response_ids) into a left-padded batch; ``canvas_seed``: every window's canvas is that fixed one."""
     prefixes, labels = [], torch.full((len(pairs), gamma), -100, dtype=torch.long)
     for i, (row, t) in enumerate(pairs.tolist()):
         item = rollouts[row]
@@ -59,13 +60,17 @@ def make_windows(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int,
     for i, p in enumerate(prefixes):
         prefix[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         prefix_mask[i, width - len(p):] = 1
-    canvases = [window_canvas(family, row, t, gamma, mask_token_id, vocab_size, seed) for row, t in pairs.tolist()]
+    canvases = [window_canvas(family, row, t, gamma, mask_token_id, vocab_size, seed, canvas_seed)
+                for row, t in pairs.tolist()]
     return WindowBatch(prefix, prefix_mask, torch.stack(canvases), labels)
 
 
 def window_canvas(family: str, row: int, t: int, gamma: int, mask_token_id: int | None, vocab_size: int,
-                  seed: int) -> torch.Tensor:
-    """The canvas (γ,) of window (row, t): all [MASK], or uniform tokens from a generator seeded by the window."""
+                  seed: int, canvas_seed: int | None = None) -> torch.Tensor:
+    """The canvas (γ,) of window (row, t): all [MASK], or uniform tokens from a generator seeded by the window
+    (``canvas_seed``: the drafter's one fixed canvas, :func:`align.drafter.fixed_canvas`)."""
+    if canvas_seed is not None:
+        return fixed_canvas(FAMILIES[family], gamma, mask_token_id, vocab_size, canvas_seed)
     generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{row}/{t}".encode()))
     empty = torch.full((1, gamma), -100, dtype=torch.long)
     return canvas_for(FAMILIES[family], empty, torch.zeros(1, gamma), 1.0, mask_token_id, vocab_size, generator)[0]

@@ -42,7 +42,8 @@ class ZooSpec:
     replica_scale: str = "cpu"  # sizes of the random-weight replicas (align/zoo/replicas.py SCALES)
     verifier: dict = field(default_factory=lambda: {"hidden": 256, "layers": 4, "heads": 4, "steps": 1000})
     drafters: dict = field(default_factory=lambda: {
-        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 200, "offsets": 2, "sliding": 2},
+        "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 200, "offsets": 2, "sliding": 2,
+                                "next_token": 1.0},
         "tiny-mdlm": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1800},
     })
 
@@ -132,7 +133,8 @@ def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[s
             family = "diffusiongemma" if name == "tiny-diffusiongemma" else "mdlm"
             model = drafter_model(name, spec, vocab)
             losses = pretrain_drafter(model, family, docs, d["steps"], tokenizer.mask_token_id, vocab,
-                                      spec.batch_size, spec.lr, spec.seed, desc=name, offsets=d.get("offsets", 1))
+                                      spec.batch_size, spec.lr, spec.seed, desc=name, offsets=d.get("offsets", 1),
+                                      next_token=d.get("next_token", 0.0))
         _save(name, model, tokenizer, {
             "name": name, "description": MODELS[name], "spec": dataclasses.asdict(spec),
             "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.time() - start, 1),

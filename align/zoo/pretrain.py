@@ -7,7 +7,10 @@ families: on every position, since any token may be noise). DiffusionGemma also 
 quarter of the denoising batches a first pass, without gradient, supplies the logits it conditions on.
 
 DiffusionGemma pretrains packed (``align/distill/packing.py``): each document is encoded once and ``offsets``
-windows of it (distinct offsets, drawn at random) are denoised from that one encoder pass.
+windows of it (distinct offsets, drawn at random) are denoised from that one encoder pass. With ``next_token`` > 0
+that encoder pass is also read as a next-token predictor over the document's response (the encoder and the decoder
+share their weights): the trunk learns from every token, as the autoregressive model a real DiffusionGemma starts
+from did.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from align.distill.packing import make_packed, packed_logits
+from align.distill.packing import make_packed, next_token_labels, packed_logits
 from align.drafter import FAMILIES, canvas_for
 
 Doc = tuple[list[int], int]  # token ids of prompt ‖ response ‖ eos, and the prompt's length
@@ -130,9 +133,10 @@ def packed_drafter_batch(batch: list[Doc], offsets: int, rng: random.Random, voc
 
 def pretrain_drafter(model: Any, family: str, docs: list[Doc], steps: int, mask_token_id: int | None,
                      vocab_size: int, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
-                     desc: str = "drafter", offsets: int = 1) -> list[float]:
+                     desc: str = "drafter", offsets: int = 1, next_token: float = 0.0) -> list[float]:
     """Denoising pretraining of a diffusion drafter (see the module docstring). Returns the loss per step.
-    ``offsets`` > 1: windows per document (DiffusionGemma, packed)."""
+    ``offsets`` > 1: windows per document (DiffusionGemma, packed); ``next_token``: weight of a next-token
+    cross-entropy on the packed encoder pass over each whole document."""
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)
     fam = FAMILIES[family]
@@ -144,8 +148,13 @@ def pretrain_drafter(model: Any, family: str, docs: list[Doc], steps: int, mask_
         if denoising and rng.random() < 0.5:
             with torch.no_grad():
                 self_conditioning = packed_logits(model, batch)
-        logits = packed_logits(model, batch, self_conditioning)[..., :vocab_size]
-        return F.cross_entropy(logits.reshape(-1, vocab_size), batch.labels.reshape(-1), ignore_index=-100)
+        out = packed_logits(model, batch, self_conditioning, next_token=bool(next_token))
+        logits, next_logits = out if next_token else (out, None)
+        loss = F.cross_entropy(logits[..., :vocab_size].reshape(-1, vocab_size), batch.labels.reshape(-1),
+                               ignore_index=-100)
+        if not next_token:
+            return loss
+        return loss + next_token * F.cross_entropy(next_logits[..., :vocab_size], next_token_labels(batch)[1])
 
     def batch_loss() -> torch.Tensor:
         prefix, prefix_mask, canvas, labels, denoising = drafter_batch(next(batches), family, rng, mask_token_id,
