@@ -43,7 +43,7 @@ def proposer(path: Path, verifier: Path, gamma: int, max_len: int, monkeypatch):
 
 def test_proposer_drafts_every_request_in_one_pass_keeps_prefix_state_and_respects_the_length(
         aligned, vllm_verifier, monkeypatch):
-    from align.loading import load_drafter_model
+    from align.loading import canvas_seed_of, load_drafter_model
     from align.drafter import Drafter
 
     p = proposer(aligned, vllm_verifier, gamma=4, max_len=40, monkeypatch=monkeypatch)
@@ -55,7 +55,8 @@ def test_proposer_drafts_every_request_in_one_pass_keeps_prefix_state_and_respec
     first = p.propose([[14], []], np.array([5, 3], dtype=np.int32), tokens)  # row 1: a prefill still in chunks
     assert [len(d) for d in first] == [4, 0]
     model, tokenizer = load_drafter_model(str(aligned), "diffusiongemma")
-    reference = Drafter(model, "diffusiongemma", p.drafter.vocab_size, tokenizer.mask_token_id)
+    assert p.drafter.canvas_seed == canvas_seed_of(str(aligned)) == 0  # recipes/tiny.yaml's fixed canvas, served
+    reference = Drafter(model, "diffusiongemma", p.drafter.vocab_size, tokenizer.mask_token_id, canvas_seed=0)
     torch.manual_seed(0)
     assert first[0] == reference.marginals(torch.tensor([rows[0]]), 4, 1)[0].argmax(-1).tolist()
     assert len(p.states) == 1 and p.states[0].ids == rows[0]
