@@ -181,10 +181,11 @@ def canvas_for(family: Family, labels: torch.Tensor, noise: torch.Tensor, rate: 
 
 def fixed_canvas(family: Family, gamma: int, mask_token_id: int | None, vocab_size: int, canvas_seed: int,
                  device: torch.device | str = "cpu") -> torch.Tensor:
-    """The one fully noised canvas (γ,) of a drafter trained with ``distill.canvas_seed``: γ uniform tokens drawn
-    from a generator seeded by ``canvas_seed`` (all [MASK] for masked families), the same for every window and
-    block. Drafting in one step reads nothing from a fully noised canvas but its positions, so a fixed one turns the
-    canvas into fixed position markers the drafter can learn, where a fresh draw per block is noise it must ignore."""
+    """A fully noised canvas (γ,): γ uniform tokens drawn from a generator seeded by ``canvas_seed`` (all [MASK] for
+    masked families). A training window's own draw, or, for a drafter trained with ``distill.canvas_seed``, the one
+    canvas of every window and block: drafting in one step reads nothing from a fully noised canvas but its
+    positions, so a fixed one turns them into markers the drafter can learn, where a fresh draw per block is noise
+    it must ignore."""
     generator = torch.Generator().manual_seed(canvas_seed)
     empty = torch.full((1, gamma), -100, dtype=torch.long)
     return canvas_for(family, empty, torch.zeros(1, gamma), 1.0, mask_token_id, vocab_size, generator)[0].to(device)
@@ -238,6 +239,7 @@ class Drafter:
                              "set drafter.mask_token_id")
         self.mask_token_id = mask_token_id
         self.canvas_seed = canvas_seed  # the fixed first canvas the drafter was trained with (None: a fresh draw)
+        self._fixed: dict[tuple[int, str], torch.Tensor] = {}  # that canvas per (γ, device)
         # decoding through the model's parts (DiffusionGemmaPass) or, lean=False / ALIGN_LEAN=0, its own forward
         self.lean = lean_default() if lean is None else lean
         self.lean_pass = None
@@ -290,12 +292,16 @@ class Drafter:
         """T denoising steps from a fully noised canvas; ``logits_of(canvas, self_conditioning)`` is the drafter."""
         if gamma <= 0 or steps <= 0:
             raise AlignError(f"gamma and steps must be positive, got gamma={gamma}, steps={steps}")
-        uniform = torch.rand((batch, gamma), generator=generator, device=device)
-        empty = torch.full((batch, gamma), -100, dtype=torch.long, device=device)
-        canvas = canvas_for(self.family, empty, uniform, 1.0, self.mask_token_id, self.vocab_size, generator)
-        if self.canvas_seed is not None:
-            canvas = fixed_canvas(self.family, gamma, self.mask_token_id, self.vocab_size, self.canvas_seed,
-                                  device).expand(batch, gamma)
+        if self.canvas_seed is None:  # a fresh draw per block
+            uniform = torch.rand((batch, gamma), generator=generator, device=device)
+            empty = torch.full((batch, gamma), -100, dtype=torch.long, device=device)
+            canvas = canvas_for(self.family, empty, uniform, 1.0, self.mask_token_id, self.vocab_size, generator)
+        else:  # the one canvas it was trained on, drawn once per (γ, device)
+            key = (gamma, str(device))
+            if key not in self._fixed:
+                self._fixed[key] = fixed_canvas(self.family, gamma, self.mask_token_id, self.vocab_size,
+                                                self.canvas_seed, device)
+            canvas = self._fixed[key].expand(batch, gamma)
         committed = torch.zeros((batch, gamma), dtype=torch.bool, device=device)
         self_conditioning = None
         for step in range(steps):

@@ -321,7 +321,7 @@ class DiffusionGemmaPass:
         q = _rotate(_rms(_linear(x, attn.q_proj).view(*x.shape[:-1], -1, attn.head_dim), attn.q_norm.weight, eps),
                     cos, sin).transpose(1, 2)
         outs, offset = [], 0
-        for b, ((cache, start, n), (k, v)) in enumerate(zip(segments, keys)):
+        for b, ((_, _, n), (k, v)) in enumerate(zip(segments, keys)):
             rows = c if trim else n + c
             own_q = q if len(segments) == 1 else q[:, :, offset:offset + rows]
             offset += rows

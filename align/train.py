@@ -127,6 +127,7 @@ def main(argv: list[str]) -> int:
         save_recipe(recipe, out / "recipe.yaml")
     engine = Engine(model, recipe, world)
     loss_fn, temperature = objective_fn(recipe), recipe.distill.temperature
+    next_weight = recipe.distill.next_token_weight  # the prefix pass's next-token term (packed batches)
 
     packed = packing_on(recipe)  # training windows share their rollout's encoder pass; evaluation stays per window
 
@@ -198,7 +199,6 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         windows = train_pairs[order.take(step * t.global_batch_size, t.global_batch_size)]
         dens = denominators(windows, lengths, gamma, recipe)  # known from the labels alone, for the whole batch
-        next_weight = recipe.distill.next_token_weight
         next_den = next_token_denominator(windows, lengths, t.micro_batch_size) if next_weight else 1.0
         share = objective_share(recipe, step)  # of the objective; cross-entropy takes the rest, plus ce_weight
         ce_share = (1.0 - share) + recipe.distill.ce_weight

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from align.drafter import FAMILIES, canvas_for, fixed_canvas
+from align.drafter import FAMILIES, fixed_canvas
 
 
 @dataclass
@@ -69,8 +69,6 @@ def window_canvas(family: str, row: int, t: int, gamma: int, mask_token_id: int 
                   seed: int, canvas_seed: int | None = None) -> torch.Tensor:
     """The canvas (γ,) of window (row, t): all [MASK], or uniform tokens from a generator seeded by the window
     (``canvas_seed``: the drafter's one fixed canvas, :func:`align.drafter.fixed_canvas`)."""
-    if canvas_seed is not None:
-        return fixed_canvas(FAMILIES[family], gamma, mask_token_id, vocab_size, canvas_seed)
-    generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{row}/{t}".encode()))
-    empty = torch.full((1, gamma), -100, dtype=torch.long)
-    return canvas_for(FAMILIES[family], empty, torch.zeros(1, gamma), 1.0, mask_token_id, vocab_size, generator)[0]
+    if canvas_seed is None:  # the window's own draw
+        canvas_seed = zlib.crc32(f"{seed}/{row}/{t}".encode())
+    return fixed_canvas(FAMILIES[family], gamma, mask_token_id, vocab_size, canvas_seed)
