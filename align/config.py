@@ -106,6 +106,11 @@ class DistillConfig:
     next_token_weight: float = option(0.0, "Weight of a next-token cross-entropy on the drafter's own prefix pass, "
                                       "every response token a label (packed training only: the encoder reads each "
                                       "rollout once anyway; its weights are the decoder's).", min=0.0)
+    first_token: str = option("canvas", "What drafts a block's first token: canvas (the decoder's first canvas "
+                              "position) or encoder (diffusiongemma: the prefix pass's own next-token prediction at "
+                              "the last prefix token, read from the same drafting pass; next_token_weight trains "
+                              "it). The export's meta.json carries it and decoding drafts so.",
+                              choices=("canvas", "encoder"))
     denoise_steps: int = option(1, "T that decoding will use: each micro-batch trains at a step k drawn from "
                                 "0..T-1 of its confidence schedule (k passes without gradient commit the drafter's most "
                                 "confident tokens, self-conditioning on the last; align/distill/denoise.py). 1: every "
@@ -355,6 +360,10 @@ def _check_recipe(recipe: Recipe) -> None:
         raise RecipeError(f"recipe key distill.next_token_weight: got {recipe.distill.next_token_weight}; it reads the "
                           "packed prefix pass, and this recipe trains one window at a time (data.packing off or a "
                           f"{recipe.drafter.family} drafter): set distill.next_token_weight: 0 or data.packing: null")
+    if recipe.distill.first_token == "encoder" and recipe.drafter.family != "diffusiongemma":
+        raise RecipeError(f"recipe key distill.first_token: encoder needs a causal prefix encoder (diffusiongemma); "
+                          f"the {recipe.drafter.family} family has no next-token prediction: set distill.first_token: "
+                          "canvas")
     if recipe.distill.gamma > recipe.data.max_new_tokens:
         raise RecipeError(f"recipe key distill.gamma: got {recipe.distill.gamma}, longer than any rollout can be "
                           f"(data.max_new_tokens is {recipe.data.max_new_tokens}); lower distill.gamma or raise "

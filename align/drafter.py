@@ -15,6 +15,11 @@ canvases re-noise the rest; masked canvases keep them masked); positions committ
 returned as one-hot rows. Given those commitments every row is independent, so a draft drawn row by row from
 these marginals has exactly these probabilities: the q that lossless sampling verification needs.
 
+``first_token="encoder"`` (DiffusionGemma, ``distill.first_token``): the block's first row is the encoder's own
+next-token distribution at the last prefix token, read from the same pass (the encoder is causal: an
+autoregressive model over the prefix, which ``distill.next_token_weight`` trains); rows 2..γ stay the canvas's. Rows
+are still independent given the prefix, so the draft is still drawn from exactly these marginals.
+
 Decoding a DiffusionGemma drafter (batch 1, prefix cache kept) goes through :class:`DiffusionGemmaPass` by default:
 the model's own computation from its parts, in one pass per denoising step, without what decoding does not need
 (equal to the model's forward within float tolerance; checked against it on its first call). ``Drafter(lean=False)``
@@ -46,14 +51,19 @@ class Family:
 
     def canvas_logits(self, model: Any, prefix: torch.Tensor, prefix_mask: torch.Tensor | None,
                       canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None,
-                      state: "PrefixState | None" = None) -> torch.Tensor:
-        """Logits (B, γ, V) for the canvas (B, γ) after a left-padded prefix (B, L) with its 0/1 mask."""
+                      state: "PrefixState | None" = None, next_token: bool = False) -> Any:
+        """Logits (B, γ, V) for the canvas (B, γ) after a left-padded prefix (B, L) with its 0/1 mask; with
+        ``next_token`` (families with a causal prefix pass), also that pass's logits (B, V) at the last prefix
+        token: ``(canvas logits, next-token logits)``."""
         raise NotImplementedError
 
     def canvas_logits_many(self, model: Any, prefixes: list[torch.Tensor], canvas: torch.Tensor,
-                           self_conditioning: torch.Tensor | None, states: "list[PrefixState]") -> torch.Tensor:
+                           self_conditioning: torch.Tensor | None, states: "list[PrefixState]",
+                           next_token: bool = False) -> Any:
         """Logits (B, γ, V) for canvas row b after prefix b (1, L_b), prefixes of different lengths, in one call:
         left-padded to the longest (``states``, one per row, are what a family that caches the prefix keeps)."""
+        if next_token:
+            raise AlignError(f"the {self.name} family has no causal prefix pass to draft a first token from")
         longest = max(p.shape[1] for p in prefixes)
         padded = torch.stack([F.pad(p[0], (longest - p.shape[1], 0)) for p in prefixes])
         mask = torch.stack([F.pad(torch.ones_like(p[0]), (longest - p.shape[1], 0)) for p in prefixes])
@@ -68,6 +78,7 @@ class PrefixState:
     ids: list[int] = field(default_factory=list)
     cache: Any = None
     lean: "DiffusionGemmaPass | None" = None
+    next_logits: torch.Tensor | None = None  # (1, V) the encoder's next-token logits after ``ids``, once asked for
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
@@ -80,46 +91,72 @@ class DiffusionGemmaFamily(Family):
 
     name, masked = "diffusiongemma", False
 
-    def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None):
+    def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None, next_token=False):
         gamma = canvas.shape[1]
         if state is not None:  # decoding, batch 1, no padding: encode only what the cache has not seen
             lean = state.lean if state.lean is not None and state.lean.usable else None
             start, new = self._advance(state, prefix, model.config)
             if lean is not None:  # one pass through the model's parts
-                logits = lean.logits(state.cache, start, new, canvas, self_conditioning)
+                out = lean.logits(state.cache, start, new, canvas, self_conditioning, next_token)
+                logits, after = out if next_token else (out, None)
                 if not lean.checked:  # once per model: against the model's own forward
-                    logits = lean.check(prefix, canvas, self_conditioning, state, logits)
+                    logits, after = lean.check(prefix, canvas, self_conditioning, state, logits, after)
+            else:
+                after = None
+                if new is not None:
+                    encoded = model.model.encoder(
+                        input_ids=new, **with_cache(state.cache),
+                        position_ids=torch.arange(start, start + new.shape[1], device=new.device)[None])
+                    if next_token:
+                        after = lm_logits(model, encoded.last_hidden_state[:, -1])
+                logits = model(**with_cache(state.cache), decoder_input_ids=canvas,
+                               self_conditioning_logits=self_conditioning).logits
+            if not next_token:
                 return logits
-            if new is not None:
-                model.model.encoder(input_ids=new, **with_cache(state.cache),
-                                    position_ids=torch.arange(start, start + new.shape[1], device=new.device)[None])
-            return model(**with_cache(state.cache), decoder_input_ids=canvas,
-                         self_conditioning_logits=self_conditioning).logits
+            if after is not None:
+                state.next_logits = after
+            if state.next_logits is None:
+                raise AlignError("no next-token logits for this prefix: the drafter was first asked without them")
+            return logits, state.next_logits
         mask = torch.ones_like(prefix) if prefix_mask is None else prefix_mask
         length = mask.sum(-1, keepdim=True)
         config = getattr(model, "module", model).config  # through a DeepSpeed engine too
-        return model(
+        out = model(
             input_ids=prefix, attention_mask=mask, position_ids=positions(mask),
             **with_cache(DynamicCache(config=config)),
             decoder_input_ids=canvas, decoder_attention_mask=torch.cat([mask, torch.ones_like(canvas)], -1),
             decoder_position_ids=length + torch.arange(gamma, device=canvas.device),
             self_conditioning_logits=self_conditioning,
-        ).logits
+        )
+        if not next_token:
+            return out.logits
+        return out.logits, lm_logits(model, out.encoder_last_hidden_state[:, -1])  # left-padded: last = last real
 
-    def canvas_logits_many(self, model, prefixes, canvas, self_conditioning, states):
+    def canvas_logits_many(self, model, prefixes, canvas, self_conditioning, states, next_token=False):
         """Each row keeps its own encoder cache: through the lean pass, every row's new tokens and canvas in one pass
         (attention per row, against its cache); otherwise (no lean pass, or before its first check) row by row."""
         lean = states[0].lean
         if lean is None or not lean.usable or not lean.checked or any(s.lean is not lean for s in states):
-            return torch.cat([self.canvas_logits(model, prefix, None, canvas[b:b + 1],
-                                                 None if self_conditioning is None else self_conditioning[b:b + 1],
-                                                 state)
-                              for b, (prefix, state) in enumerate(zip(prefixes, states))])
+            rows = [self.canvas_logits(model, prefix, None, canvas[b:b + 1],
+                                       None if self_conditioning is None else self_conditioning[b:b + 1],
+                                       state, next_token)
+                    for b, (prefix, state) in enumerate(zip(prefixes, states))]
+            if not next_token:
+                return torch.cat(rows)
+            return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
         parts = []
         for prefix, state in zip(prefixes, states):
             start, new = self._advance(state, prefix, model.config)  # may give the state a new cache
             parts.append((state.cache, start, new))
-        return lean.logits_many(parts, canvas, self_conditioning)
+        if not next_token:
+            return lean.logits_many(parts, canvas, self_conditioning)
+        logits, after = lean.logits_many(parts, canvas, self_conditioning, True)
+        for state, row in zip(states, after):
+            if row is not None:
+                state.next_logits = row
+        if any(state.next_logits is None for state in states):
+            raise AlignError("no next-token logits for this prefix: the drafter was first asked without them")
+        return logits, torch.cat([state.next_logits for state in states])
 
     @staticmethod
     def _advance(state: PrefixState, prefix: torch.Tensor, config: Any) -> tuple[int, torch.Tensor | None]:
@@ -128,6 +165,8 @@ class DiffusionGemmaFamily(Family):
         ids = prefix[0].tolist()
         if state.cache is None or ids[:len(state.ids)] != state.ids:
             state.cache, state.ids = DynamicCache(config=config), []
+        if len(ids) > len(state.ids):
+            state.next_logits = None  # it was the previous prefix's
         start = len(state.ids)
         state.ids = ids
         return start, (prefix[:, start:] if len(ids) > start else None)
@@ -138,7 +177,8 @@ class MaskedFamily(Family):
 
     name, masked = "mdlm", True
 
-    def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None):
+    def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None, next_token=False):
+        no_prefix_pass(self, next_token)
         ids = torch.cat([prefix, canvas], -1)
         mask = torch.ones_like(ids) if prefix_mask is None else torch.cat([prefix_mask, torch.ones_like(canvas)], -1)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
@@ -150,7 +190,8 @@ class ShiftedMaskedFamily(Family):
 
     name, masked = "dream", True
 
-    def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None):
+    def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None, next_token=False):
+        no_prefix_pass(self, next_token)
         ids = torch.cat([prefix, canvas], -1)
         attention = None
         if prefix_mask is not None and not bool(prefix_mask.all()):
@@ -164,7 +205,22 @@ class ShiftedMaskedFamily(Family):
         return logits[:, start:start + canvas.shape[1]]
 
 
+def no_prefix_pass(family: Family, next_token: bool) -> None:
+    if next_token:
+        raise AlignError(f"the {family.name} family reads its prefix bidirectionally: it has no next-token prediction "
+                         "to draft a first token from (first_token 'encoder' needs a diffusiongemma drafter)")
+
+
+def lm_logits(core: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """A ``DiffusionGemmaForBlockDiffusion``'s output logits for ``hidden``: its ``lm_head``, float32, soft-capped as
+    the model caps them."""
+    logits = core.lm_head(hidden).float()
+    cap = core.final_logit_softcapping
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
 FAMILIES: dict[str, Family] = {f.name: f for f in (DiffusionGemmaFamily(), MaskedFamily(), ShiftedMaskedFamily())}
+FIRST_TOKEN = ("canvas", "encoder")  # what drafts a block's first token: the canvas, or the encoder's next token
 
 
 def canvas_for(family: Family, labels: torch.Tensor, noise: torch.Tensor, rate: torch.Tensor | float,
@@ -228,9 +284,12 @@ class Drafter:
     """
 
     def __init__(self, model: Any, family: str, vocab_size: int, mask_token_id: int | None = None,
-                 lean: bool | None = None, canvas_seed: int | None = None):
+                 lean: bool | None = None, canvas_seed: int | None = None, first_token: str = "canvas"):
         if family not in FAMILIES:
             raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join(FAMILIES)}")
+        if first_token not in FIRST_TOKEN:
+            raise AlignError(f"unknown first_token '{first_token}'; choose one of {', '.join(FIRST_TOKEN)}")
+        no_prefix_pass(FAMILIES[family], first_token == "encoder" and family != "diffusiongemma")
         self.model = model.eval()
         self.family = FAMILIES[family]
         self.vocab_size = vocab_size  # the shared vocabulary: logits beyond it are sliced away
@@ -240,6 +299,7 @@ class Drafter:
         self.mask_token_id = mask_token_id
         self.canvas_seed = canvas_seed  # the fixed first canvas the drafter was trained with (None: a fresh draw)
         self._fixed: dict[tuple[int, str], torch.Tensor] = {}  # that canvas per (γ, device)
+        self.first_token = first_token  # "encoder": the block's first row is the encoder's next-token distribution
         # decoding through the model's parts (DiffusionGemmaPass) or, lean=False / ALIGN_LEAN=0, its own forward
         self.lean = lean_default() if lean is None else lean
         self.lean_pass = None
@@ -265,8 +325,8 @@ class Drafter:
         """
         state = self.state if prefix.shape[0] == 1 else None
 
-        def logits_of(canvas, self_conditioning):
-            return self.family.canvas_logits(self.model, prefix, None, canvas, self_conditioning, state)
+        def logits_of(canvas, self_conditioning, next_token):
+            return self.family.canvas_logits(self.model, prefix, None, canvas, self_conditioning, state, next_token)
 
         with grad_free(self.lean):
             return self._denoise(logits_of, prefix.shape[0], gamma, steps, temperature, generator, prefix.device)
@@ -278,8 +338,8 @@ class Drafter:
         denoising step for the whole batch (DiffusionGemma through the lean pass: each row's new tokens and canvas;
         bidirectional families: the prefixes left-padded). Returns (B, γ, V)."""
 
-        def logits_of(canvas, self_conditioning):
-            return self.family.canvas_logits_many(self.model, prefixes, canvas, self_conditioning, states)
+        def logits_of(canvas, self_conditioning, next_token):
+            return self.family.canvas_logits_many(self.model, prefixes, canvas, self_conditioning, states, next_token)
 
         with grad_free(self.lean):
             return self._denoise(logits_of, len(prefixes), gamma, steps, temperature, generator, prefixes[0].device)
@@ -289,7 +349,8 @@ class Drafter:
         return PrefixState(lean=self.lean_pass if self.lean else None)
 
     def _denoise(self, logits_of, batch, gamma, steps, temperature, generator, device) -> torch.Tensor:
-        """T denoising steps from a fully noised canvas; ``logits_of(canvas, self_conditioning)`` is the drafter."""
+        """T denoising steps from a fully noised canvas; ``logits_of(canvas, self_conditioning, next_token)`` is the
+        drafter (with ``next_token``: also the encoder's next-token logits)."""
         if gamma <= 0 or steps <= 0:
             raise AlignError(f"gamma and steps must be positive, got gamma={gamma}, steps={steps}")
         if self.canvas_seed is None:  # a fresh draw per block
@@ -303,9 +364,12 @@ class Drafter:
                                                 self.canvas_seed, device)
             canvas = self._fixed[key].expand(batch, gamma)
         committed = torch.zeros((batch, gamma), dtype=torch.bool, device=device)
-        self_conditioning = None
+        self_conditioning, first = None, None
         for step in range(steps):
-            logits = logits_of(canvas, self_conditioning)
+            if self.first_token == "encoder" and step == 0:  # the encoder runs over the new prefix tokens now
+                logits, first = logits_of(canvas, self_conditioning, True)
+            else:
+                logits = logits_of(canvas, self_conditioning, False)
             logq = logits[..., :self.vocab_size].float().log_softmax(-1)
             if step == steps - 1:
                 break
@@ -315,4 +379,6 @@ class Drafter:
         if committed.any():
             onehot = torch.full_like(logq, -math.inf).scatter_(-1, canvas[..., None], 0.0)
             logq = torch.where(committed[..., None], onehot, logq)
+        if first is not None:  # the first row: the encoder's own prediction, whatever the canvas committed
+            logq = torch.cat([first[:, None, :self.vocab_size].float().log_softmax(-1), logq[:, 1:]], dim=1)
         return logq

@@ -175,26 +175,37 @@ class DiffusionGemmaPass:
 
     @torch.inference_mode()
     def logits(self, cache: Any, start: int, new: torch.Tensor | None, canvas: torch.Tensor,
-               self_conditioning: torch.Tensor | None = None) -> torch.Tensor:
+               self_conditioning: torch.Tensor | None = None, next_token: bool = False) -> Any:
         """Append the keys and values of ``new`` (1, n; None: nothing new) at positions start.. to ``cache``, and
-        return the canvas's logits (1, γ, V), float32 and soft-capped, after the prefix now in ``cache``."""
-        return self.logits_many([(cache, start, new)], canvas, self_conditioning)
+        return the canvas's logits (1, γ, V), float32 and soft-capped, after the prefix now in ``cache``. With
+        ``next_token``: also the encoder's next-token logits (1, V) at the last new token (None when nothing is
+        new), what ``lm_head`` gives for the encoder's normed last hidden state: ``(canvas logits, those)``."""
+        if not next_token:
+            return self.logits_many([(cache, start, new)], canvas, self_conditioning)
+        logits, (after,) = self.logits_many([(cache, start, new)], canvas, self_conditioning, True)
+        return logits, after
 
     @torch.inference_mode()
     def logits_many(self, parts: list[tuple[Any, int, torch.Tensor | None]], canvas: torch.Tensor,
-                    self_conditioning: torch.Tensor | None = None) -> torch.Tensor:
+                    self_conditioning: torch.Tensor | None = None, next_token: bool = False) -> Any:
         """:meth:`logits` for several sequences at once: part b = (its own cache, start, new tokens (1, n_b) or
         None) with canvas row b (B, γ). Their rows go through every layer together (one matmul per weight for the
         whole batch, however different the lengths); only attention runs per sequence, each against its own cache.
-        Returns (B, γ, V)."""
+        Returns (B, γ, V); with ``next_token``, also a list of each part's next-token logits (1, V) (None for a part
+        with nothing new)."""
         segments = [(cache, start, 0 if new is None else new.shape[1]) for cache, start, new in parts]
+        after: list[torch.Tensor | None] = [None] * len(parts)
         # one pass only in full precision: in half precision, rows batched differently round differently, enough
         # to move the router's top-k choices (then the two passes, which round as the model's forward does)
         fused = self.fused and self.decoder.embed_tokens.weight.dtype in (torch.float32, torch.float64)
         if not fused and any(n for *_, n in segments):  # the encoder's layers, then the decoder's
-            encoding = [(segment, new) for segment, (*_, new) in zip(segments, parts) if new is not None]
-            self._layers(self.encoder, torch.cat([self.encoder.embed_tokens(new) for _, new in encoding], dim=1),
-                         [segment for segment, _ in encoding], 0)
+            encoding = [(b, segment, new) for b, (segment, (*_, new)) in enumerate(zip(segments, parts))
+                        if new is not None]
+            last = self._layers(self.encoder, torch.cat([self.encoder.embed_tokens(new) for *_, new in encoding],
+                                                         dim=1), [segment for _, segment, _ in encoding], 0, next_token)
+            if next_token:
+                for row, (b, *_) in enumerate(encoding):
+                    after[b] = self._next(last[0, row])
             segments = [(cache, start + n, 0) for cache, start, n in segments]
         dec = self.decoder
         embed, sc = dec.embed_tokens, dec.self_conditioning
@@ -217,32 +228,55 @@ class DiffusionGemmaPass:
             h = torch.cat(rows, dim=1)
         else:
             h = h.reshape(1, -1, h.shape[-1])
-        h = self._layers(dec, h, segments, canvas.shape[1])
-        h = _rms(h, dec.norm.weight, dec.norm.eps)
+        c = canvas.shape[1]
+        h = self._layers(dec, h, segments, c, next_token)
+        if next_token and any(n for *_, n in segments):  # each part's kept rows: its last new token (if any), canvas
+            rows, canvas_rows, at = h[0], [], 0
+            for b, (*_, n) in enumerate(segments):
+                if n:
+                    after[b] = self._next(rows[at])
+                    at += 1
+                canvas_rows.append(rows[at:at + c])
+                at += c
+            h = torch.cat(canvas_rows)[None]
+        logits = self._head(_rms(h, dec.norm.weight, dec.norm.eps)).view(canvas.shape[0], c, -1)
+        return (logits, after) if next_token else logits
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """``lm_head``, in float32, soft-capped."""
         logits = _linear(h, self.model.lm_head).to(torch.float32)
         if self.softcap is not None:  # in place: the same three operations without two (γ, V) temporaries
             logits = logits.div_(self.softcap).tanh_().mul_(self.softcap)
-        return logits.view(canvas.shape[0], canvas.shape[1], -1)
+        return logits
 
-    def _layers(self, stack: Any, h: torch.Tensor, segments: list[tuple[Any, int, int]], c: int) -> torch.Tensor:
+    def _next(self, h: torch.Tensor) -> torch.Tensor:
+        """The encoder's next-token logits (1, V) from its last layer's output for one token (D,)."""
+        norm = self.encoder.norm
+        return self._head(_rms(h[None], norm.weight, norm.eps))
+
+    def _layers(self, stack: Any, h: torch.Tensor, segments: list[tuple[Any, int, int]], c: int,
+                next_token: bool = False) -> torch.Tensor:
         """Rows h (1, R, D): per segment (cache, start, n), its n new prefix tokens (positions start..) then c
-        canvas tokens, through ``stack``'s layers; returns the canvas rows (or, with no canvas, nothing useful: the
-        last layer stops at its keys and values)."""
+        canvas tokens, through ``stack``'s layers. Returns the rows kept past the last layer's keys and values: per
+        segment, its last new token's (with ``next_token``, when it has new ones) then its canvas rows (with neither,
+        nothing useful: the last layer stops at its keys and values)."""
+        firsts = [n - 1 if next_token and n else n for *_, n in segments]  # each segment's first kept row
         if len(segments) == 1:
             _, start, n = segments[0]
             rope = {kind: self._rope(stack.rotary_emb, kind, start, n + c, h) for kind in set(self.types)}
-            canvas_rows: slice | torch.Tensor = slice(n, None)
+            kept: slice | torch.Tensor = slice(firsts[0], None)
         else:  # one table slice covering every segment, rows picked by position
             lo, hi = min(s for _, s, _ in segments), max(s + n + c for _, s, n in segments)
             index = torch.cat([torch.arange(s - lo, s - lo + n + c) for _, s, n in segments]).to(h.device)
             rope = {kind: tuple(t[:, index] for t in self._rope(stack.rotary_emb, kind, lo, hi - lo, h))
                     for kind in set(self.types)}
             ends = torch.tensor([n + c for *_, n in segments]).cumsum(0).tolist()
-            canvas_rows = torch.cat([torch.arange(end - c, end) for end in ends]).to(h.device)
+            kept = torch.cat([torch.arange(end - n - c + first, end)
+                              for end, (*_, n), first in zip(ends, segments, firsts)]).to(h.device)
         masks: dict[tuple[str, int], torch.Tensor | None] = {}
         last = len(self.types) - 1
         for i, layer in enumerate(stack.layers[:len(self.types)]):
-            h = self._layer(layer, i, h, rope[self.types[i]], segments, c, canvas_rows, masks, last=i == last)
+            h = self._layer(layer, i, h, rope[self.types[i]], segments, c, kept, firsts, masks, last=i == last)
         return h
 
     def _rope(self, rotary: Any, kind: str, start: int, rows: int,
@@ -288,10 +322,11 @@ class DiffusionGemmaPass:
         return mask[None, None]
 
     def _layer(self, layer: Any, i: int, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-               segments: list[tuple[Any, int, int]], c: int, canvas_rows: slice | torch.Tensor, masks: dict,
-               last: bool) -> torch.Tensor:
+               segments: list[tuple[Any, int, int]], c: int, kept: slice | torch.Tensor, firsts: list[int],
+               masks: dict, last: bool) -> torch.Tensor:
         """One layer over each segment's n new prefix rows and c canvas rows: the new rows' keys and values join
-        the segment's cache; with none new, the canvas reads the cache as the decoder does."""
+        the segment's cache; with none new, the canvas reads the cache as the decoder does. The last layer goes on
+        past its keys and values only for the ``kept`` rows (from row ``firsts[b]`` of segment b on)."""
         attn, eps = layer.self_attn, self.eps
         x = _rms(h, layer.input_layernorm.weight, eps)
         shape = (*x.shape[:-1], -1, attn.head_dim)
@@ -313,21 +348,21 @@ class DiffusionGemmaPass:
                 masks[kind, b] = self._mask(kind, start, n, c, past_k.shape[-2], x.device)
             keys.append((torch.cat([past_k, own_k[:, :, n:]], dim=-2) if c else past_k,
                          torch.cat([past_v, own_v[:, :, n:]], dim=-2) if c else past_v))
-        if c == 0 and last:  # nothing reads the encoder's last hidden states in decoding
+        if last and all(first == n + c for first, (*_, n) in zip(firsts, segments)):  # no row is read past here
             return h
-        trim = last and c and any(n for *_, n in segments)
-        if trim:  # the last layer's new rows only had to leave their keys and values
-            h, x, cos, sin = h[:, canvas_rows], x[:, canvas_rows], cos[:, canvas_rows], sin[:, canvas_rows]
+        trim = last and any(firsts)
+        if trim:  # the last layer's other new rows only had to leave their keys and values
+            h, x, cos, sin = h[:, kept], x[:, kept], cos[:, kept], sin[:, kept]
         q = _rotate(_rms(_linear(x, attn.q_proj).view(*x.shape[:-1], -1, attn.head_dim), attn.q_norm.weight, eps),
                     cos, sin).transpose(1, 2)
         outs, offset = [], 0
-        for b, ((_, _, n), (k, v)) in enumerate(zip(segments, keys)):
-            rows = c if trim else n + c
+        for b, ((_, _, n), (k, v), first) in enumerate(zip(segments, keys, firsts)):
+            rows = n + c - first if trim else n + c
             own_q = q if len(segments) == 1 else q[:, :, offset:offset + rows]
             offset += rows
             mask = masks[kind, b]
             if trim and mask is not None:
-                mask = mask[:, :, n:]
+                mask = mask[:, :, first:]
             outs.append(self._attend(attn, own_q, k, v, mask))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         out = _linear(out.transpose(1, 2).reshape(*x.shape[:-1], -1), attn.o_proj)
@@ -404,14 +439,17 @@ class DiffusionGemmaPass:
     # ---------------------------------------------------------------------------------------------- the check
 
     def check(self, prefix: torch.Tensor, canvas: torch.Tensor, self_conditioning: torch.Tensor | None,
-              state: PrefixState, logits: torch.Tensor) -> torch.Tensor:
-        """Compare the first lean pass with the model's own forward (prefix cache and logits); on a difference
-        beyond float tolerance warn, stop using the lean pass and return the model's own logits."""
+              state: PrefixState, logits: torch.Tensor,
+              after: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Compare the first lean pass with the model's own forward (prefix cache, logits, and the encoder's
+        next-token logits ``after`` when given); on a difference beyond float tolerance warn, stop using the lean
+        pass and return the model's own."""
         model = self.model
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
-            model.model.encoder(input_ids=prefix, **with_cache(cache),
-                                position_ids=torch.arange(prefix.shape[1], device=prefix.device)[None])
+            encoded = model.model.encoder(input_ids=prefix, **with_cache(cache),
+                                          position_ids=torch.arange(prefix.shape[1], device=prefix.device)[None])
+            plain_after = None if after is None else self._head(encoded.last_hidden_state[:, -1])
             plain = model(**with_cache(cache), decoder_input_ids=canvas,
                           self_conditioning_logits=self_conditioning).logits
         # a structural difference (a mask, a missing term) shows as an O(1) relative difference; rounding in another
@@ -423,13 +461,14 @@ class DiffusionGemmaPass:
 
         same = near(logits, plain) and all(near(ours.keys, theirs.keys) and near(ours.values, theirs.values)
                                            for ours, theirs in zip(state.cache.layers, cache.layers))
+        same = same and (after is None or near(after, plain_after))
         self.checked = True
         if same:
-            return logits
+            return logits, after
         import warnings
 
         self.usable = False
         warnings.warn("the lean DiffusionGemma decoding pass differs from the model's own forward with this "
                       "transformers version; decoding uses the model's forward", RuntimeWarning, stacklevel=2)
         state.cache = cache
-        return plain
+        return plain, plain_after

@@ -51,7 +51,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     meta = {
         "base_drafter": recipe.drafter.path, "family": recipe.drafter.family, "verifier": recipe.verifier.path,
         "objective": recipe.distill.objective, "gamma": recipe.distill.gamma,
-        "canvas_seed": recipe.distill.canvas_seed,
+        "canvas_seed": recipe.distill.canvas_seed, "first_token": recipe.distill.first_token,
         "temperature": recipe.distill.temperature, "steps": state["step"], "run": recipe.run.name,
         "data_fingerprint": state.get("data_fingerprint"), "heldout": state.get("heldout", {}),
         "align_version": align.__version__, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

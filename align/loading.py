@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-from align.drafter import FAMILIES, Drafter
+from align.drafter import FAMILIES, FIRST_TOKEN, Drafter
 from align.errors import AlignError
 from align.verifier import Verifier
 from align.zoo import resolve
@@ -102,15 +102,19 @@ def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_rem
     return model.eval(), load_tokenizer(path, "drafter", trust_remote_code)
 
 
-def canvas_seed_of(path: str) -> int | None:
-    """The fixed canvas an exported drafter was trained with (its meta.json's ``canvas_seed``; None: none, or not an
-    export), which decoding must draft from."""
+def drafting_of(path: str) -> dict[str, Any]:
+    """How an exported drafter drafts, as its training set it (its meta.json; defaults for a folder that is not an
+    export): ``canvas_seed``, the fixed canvas it was trained on (None: a fresh draw per block), and ``first_token``,
+    what drafts a block's first token. Keyword arguments of :class:`align.drafter.Drafter`."""
     meta = Path(resolve(str(path))) / "meta.json"
     try:
-        seed = json.loads(meta.read_text()).get("canvas_seed") if meta.is_file() else None
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return None
-    return seed if isinstance(seed, int) else None
+        found = json.loads(meta.read_text()) if meta.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        found = {}
+    found = found if isinstance(found, dict) else {}
+    seed, first = found.get("canvas_seed"), found.get("first_token")
+    return {"canvas_seed": seed if isinstance(seed, int) else None,
+            "first_token": first if first in FIRST_TOKEN else "canvas"}
 
 
 def check_model_folder(path: str, role: str) -> None:
@@ -186,7 +190,7 @@ def load_pair(drafter_path: str, verifier_path: str, family: str, dtype: str = "
                          "shared vocabulary")
     if mask_token_id is None:
         mask_token_id = drafter_tokenizer.mask_token_id
-    drafter = Drafter(drafter_model, family, vocab, mask_token_id, canvas_seed=canvas_seed_of(drafter_path))
+    drafter = Drafter(drafter_model, family, vocab, mask_token_id, **drafting_of(drafter_path))
     return drafter, Verifier(verifier_model), tokenizer
 
 

@@ -37,7 +37,7 @@ import torch
 
 from align.drafter import Drafter, PrefixState
 from align.errors import AlignError
-from align.loading import canvas_seed_of, infer_family, load_drafter_model, load_tokenizer, shared_vocab_size
+from align.loading import drafting_of, infer_family, load_drafter_model, load_tokenizer, shared_vocab_size
 from align.zoo import resolve
 
 
@@ -69,7 +69,7 @@ class DiffusionProposer:
         vocab = shared_vocab_size(tokenizer, load_tokenizer(self.verifier_path, "verifier"), self.path,
                                   self.verifier_path)
         self.drafter = Drafter(model, self.family, vocab, tokenizer.mask_token_id,
-                               canvas_seed=canvas_seed_of(self.path))
+                               **drafting_of(self.path))
 
     def _state_for(self, context: list[int]) -> PrefixState:
         """The kept state whose tokens are the longest prefix of ``context`` (taken out of the pool), or a new one."""

@@ -138,11 +138,19 @@ def main(argv: list[str]) -> int:
 
     def forward(batch, self_conditioning=None, next_token=False):
         """The drafter's logits over its whole vocabulary (what self-conditioning reads); with ``next_token``, also
-        its prefix pass's next-token logits (packed batches)."""
+        its prefix pass's next-token logits (packed: at every response token; per window: after each prefix)."""
         if hasattr(batch, "slots"):
             return packed_logits(engine.engine, batch, self_conditioning, next_token)
         return FAMILIES[d.family].canvas_logits(engine.engine, batch.prefix, batch.prefix_mask, batch.canvas,
-                                                self_conditioning)
+                                                self_conditioning, next_token=next_token)
+
+    def drafted(batch) -> torch.Tensor:
+        """The logits decoding drafts a block of ``batch``'s windows from: the canvas's, the first row the encoder's
+        next-token prediction with ``distill.first_token: encoder``."""
+        if recipe.distill.first_token == "canvas":
+            return forward(batch)
+        logits, first = forward(batch, next_token=True)
+        return torch.cat([first[:, None], logits[:, 1:]], dim=1)
 
     # ----------------------------------------------------------------------------------------- resume
     checkpoints = out / "checkpoints"
@@ -161,13 +169,14 @@ def main(argv: list[str]) -> int:
     # ----------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
     def evaluate() -> dict:
-        """Held-out windows: E[streak] under q at the deployment temperature, greedy streak, mean q per position."""
+        """Held-out windows, drafted as decoding drafts them: E[streak] under q at the deployment temperature, greedy
+        streak, mean q per position."""
         engine.train(False)
         mine = eval_pairs[rank::world]
         sums = torch.zeros(3 + gamma, dtype=torch.float64)
         for lo in range(0, len(mine), recipe.train.micro_batch_size):
             batch = batch_of(mine[lo:lo + recipe.train.micro_batch_size])
-            logits = forward(batch)[..., :vocab].float()
+            logits = drafted(batch)[..., :vocab].float()
             valid = batch.labels >= 0
             logq = (logits / temperature).log_softmax(-1).gather(-1, batch.labels.clamp(min=0)[..., None])[..., 0]
             q = logq.exp() * valid

@@ -117,7 +117,7 @@ def decode_section(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from align.drafter import DiffusionGemmaPass, Drafter
-    from align.loading import (canvas_seed_of, default_device, load_drafter_model, load_verifier_model,
+    from align.loading import (drafting_of, default_device, load_drafter_model, load_verifier_model,
                                shared_vocab_size)
     from align.metrics import now
     from align.prompts import encode_prompt
@@ -140,8 +140,8 @@ def decode_section(args: argparse.Namespace) -> dict[str, Any]:
     n_new = args.max_new_tokens
 
     verifiers = {label: Verifier(verifier_model, lean=lean) for label, lean in PATHS.items()}
-    canvas_seed = canvas_seed_of(drafter_path)  # an export trained on a fixed canvas drafts from it
-    drafters = {label: Drafter(drafter_model, "diffusiongemma", vocab, lean=lean, canvas_seed=canvas_seed)
+    drafting = drafting_of(drafter_path)  # an export drafts as it was trained: its fixed canvas, its first token
+    drafters = {label: Drafter(drafter_model, "diffusiongemma", vocab, lean=lean, **drafting)
                 for label, lean in PATHS.items()}
     decoders = {label: SpeculativeDecoder(drafters[label], verifiers[label], eos) for label in PATHS}
     reason = DiffusionGemmaPass.supported(drafter_model)

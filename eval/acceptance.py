@@ -30,7 +30,7 @@ import align
 from align.config import SelectionConfig, build_recipe
 from align.errors import AlignError, run_cli
 from align.files import write_text
-from align.loading import (canvas_seed_of, check_model_folder, default_device, infer_family, load_drafter_model,
+from align.loading import (drafting_of, check_model_folder, default_device, infer_family, load_drafter_model,
                            load_verifier_model, shared_vocab_size)
 from align.lossless import lossless_counts
 from align.metrics import now
@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
         else:
             model, drafter_tokenizer = load_drafter_model(path, family, args.dtype, args.trust_remote_code, device)
             vocab = shared_vocab_size(drafter_tokenizer, tokenizer, path, verifier_path)
-            drafter = Drafter(model, family, vocab, drafter_tokenizer.mask_token_id, canvas_seed=canvas_seed_of(path))
+            drafter = Drafter(model, family, vocab, drafter_tokenizer.mask_token_id, **drafting_of(path))
         decoder = SpeculativeDecoder(drafter, verifier, eos)
         decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], args.steps[0])  # warm-up, untimed
         for setting in settings(args):

@@ -86,8 +86,18 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
 
 
+def encoder_next(model, encoded) -> torch.Tensor:
+    """What the encoder predicts after its last token: ``lm_head`` of its last hidden state, soft-capped."""
+    from align.drafter import lm_logits
+
+    return lm_logits(model, encoded.last_hidden_state[:, -1])
+
+
+@pytest.mark.parametrize("next_token", [False, True])
 @pytest.mark.parametrize("name", MODELS)
-def test_lean_pass_equals_the_model_forward(name):
+def test_lean_pass_equals_the_model_forward(name, next_token):
+    """With ``next_token`` the lean pass also returns the encoder's next-token logits at the last new token (the
+    first token ``first_token: encoder`` drafts), computed past the last layer's keys and values for that row only."""
     model = MODELS[name]()
     lean = DiffusionGemmaPass(model)
     if name == "sliding-rotary-table-rebuilt":
@@ -105,11 +115,17 @@ def test_lean_pass_equals_the_model_forward(name):
         self_conditioning = previous if grow == 0 else None  # T > 1: the previous step's logits
         with torch.no_grad():
             if grow:
-                model.model.encoder(input_ids=new, cache=theirs,
-                                    position_ids=torch.arange(length, length + grow)[None])
+                encoded = model.model.encoder(input_ids=new, cache=theirs,
+                                              position_ids=torch.arange(length, length + grow)[None])
             expected = model(cache=theirs, decoder_input_ids=canvas, self_conditioning_logits=self_conditioning).logits
-        got = lean.logits(ours, length, new if grow else None, canvas, self_conditioning)
+        got = lean.logits(ours, length, new if grow else None, canvas, self_conditioning, next_token)
         length += grow
+        if next_token:
+            got, after = got
+            if grow:
+                close(after, encoder_next(model, encoded))
+            else:
+                assert after is None
         close(got, expected)
         for mine, reference in zip(ours.layers, theirs.layers):  # the same keys and values, the same window
             assert mine.keys.shape == reference.keys.shape
@@ -125,11 +141,13 @@ def test_lean_pass_equals_the_model_forward(name):
 GROWTHS = [[20, 1, 0, 5, 17], [0, 11, 3, 0, 1], [9, 0, 16, 1, 0]]
 
 
+@pytest.mark.parametrize("next_token", [False, True])
 @pytest.mark.parametrize("name", ["sliding", "untied-layer-scalars", "replica"])
-def test_one_pass_for_many_sequences_equals_each_alone(name):
+def test_one_pass_for_many_sequences_equals_each_alone(name, next_token):
     """``logits_many``: rows of sequences of different lengths, each with its own cache, through the layers together
     give each sequence the logits and cache it gets alone (sliding windows crossed, new tokens mixed with rows that
-    add none, self-conditioning; fused and two-pass)."""
+    add none, self-conditioning; fused and two-pass), and, with ``next_token``, each its encoder's next-token
+    logits."""
     model = MODELS[name]()
     batched, alone = DiffusionGemmaPass(model), DiffusionGemmaPass(model)
     vocab = model.config.text_config.vocab_size
@@ -148,9 +166,17 @@ def test_one_pass_for_many_sequences_equals_each_alone(name):
             new = ids[b][:, start:start + grow] if grow else None
             parts.append((ours[b], start, new))
             expected.append(alone.logits(theirs[b], start, new, canvas[row:row + 1],
-                                         None if self_conditioning is None else self_conditioning[row:row + 1]))
+                                         None if self_conditioning is None else self_conditioning[row:row + 1],
+                                         next_token))
             lengths[b] += grow
-        got = batched.logits_many(parts, canvas, self_conditioning)
+        got = batched.logits_many(parts, canvas, self_conditioning, next_token)
+        if next_token:
+            got, after = got
+            expected, expected_after = [e[0] for e in expected], [e[1] for e in expected]
+            for mine, reference in zip(after, expected_after):
+                assert (mine is None) == (reference is None)
+                if mine is not None:
+                    close(mine, reference)
         close(got, torch.cat(expected))
         for b in active:
             for mine, reference in zip(ours[b].layers, theirs[b].layers):

@@ -25,7 +25,8 @@ def aligned(model_dirs, vllm_verifier, world_prompts, tmp_path_factory):
     layout, not a well aligned drafter: the acceptance figures come from the tiny zoo, README: Serving)."""
     out = tmp_path_factory.mktemp("serving") / "run"
     assert run_main(overrides(model_dirs, world_prompts, out, **{"verifier.path": vllm_verifier,
-                                                                 "train.max_steps": 10})) == 0
+                                                                 "train.max_steps": 10, "distill.canvas_seed": 0,
+                                                                 "distill.first_token": "encoder"})) == 0
     return out / "final"
 
 
@@ -43,7 +44,7 @@ def proposer(path: Path, verifier: Path, gamma: int, max_len: int, monkeypatch):
 
 def test_proposer_drafts_every_request_in_one_pass_keeps_prefix_state_and_respects_the_length(
         aligned, vllm_verifier, monkeypatch):
-    from align.loading import canvas_seed_of, load_drafter_model
+    from align.loading import drafting_of, load_drafter_model
     from align.drafter import Drafter
 
     p = proposer(aligned, vllm_verifier, gamma=4, max_len=40, monkeypatch=monkeypatch)
@@ -55,8 +56,10 @@ def test_proposer_drafts_every_request_in_one_pass_keeps_prefix_state_and_respec
     first = p.propose([[14], []], np.array([5, 3], dtype=np.int32), tokens)  # row 1: a prefill still in chunks
     assert [len(d) for d in first] == [4, 0]
     model, tokenizer = load_drafter_model(str(aligned), "diffusiongemma")
-    assert p.drafter.canvas_seed == canvas_seed_of(str(aligned)) == 0  # recipes/tiny.yaml's fixed canvas, served
-    reference = Drafter(model, "diffusiongemma", p.drafter.vocab_size, tokenizer.mask_token_id, canvas_seed=0)
+    drafting = drafting_of(str(aligned))
+    assert drafting == {"canvas_seed": 0, "first_token": "encoder"}  # as trained, served
+    assert (p.drafter.canvas_seed, p.drafter.first_token) == (0, "encoder")
+    reference = Drafter(model, "diffusiongemma", p.drafter.vocab_size, tokenizer.mask_token_id, **drafting)
     torch.manual_seed(0)
     assert first[0] == reference.marginals(torch.tensor([rows[0]]), 4, 1)[0].argmax(-1).tolist()
     assert len(p.states) == 1 and p.states[0].ids == rows[0]

@@ -201,3 +201,41 @@ def test_a_drafter_with_a_canvas_seed_drafts_from_that_one_canvas_losslessly():
         for steps in (1, 3):
             check_greedy(Drafter(model, "diffusiongemma", VOCAB, canvas_seed=seed), tiny_verifier(seed), seed, 8,
                          steps, "inside")
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_a_drafter_drafting_its_first_token_from_the_encoder_losslessly(lean):
+    """first_token "encoder": the block's first row is the log-softmax of the encoder's own next-token logits after
+    the prefix (lm_head on its last hidden state), every later row the canvas's, at T = 1 and T = 3, in decoding
+    (prefix cache: lean pass or the model's forward) and on a left-padded batch alike; decoding stays the verifier's
+    own, and a bidirectional family is refused."""
+    from align.drafter import lm_logits
+    from align.errors import AlignError
+
+    model = tiny_drafter("diffusiongemma", 2)
+    prefix = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        encoded = model.model.encoder(input_ids=prefix, position_ids=torch.arange(5)[None])
+        expected = lm_logits(model, encoded.last_hidden_state[:, -1])[:, :VOCAB].log_softmax(-1)
+    for steps in (1, 3):
+        first = Drafter(model, "diffusiongemma", VOCAB, canvas_seed=3, first_token="encoder", lean=lean)
+        canvas = Drafter(model, "diffusiongemma", VOCAB, canvas_seed=3, lean=lean)
+        got = first.marginals(prefix, 6, steps, generator=torch.Generator().manual_seed(0))
+        plain = canvas.marginals(prefix, 6, steps, generator=torch.Generator().manual_seed(0))
+        assert (got[:, 0] - expected).abs().max() < 1e-4
+        assert not torch.allclose(got[:, 0], plain[:, 0], atol=1e-2)  # the canvas's first row is another one
+        torch.testing.assert_close(got[:, 1:], plain[:, 1:], atol=1e-4, rtol=0)  # one-hot rows: -inf alike
+        again = first.marginals(prefix, 6, steps, generator=torch.Generator().manual_seed(1))  # nothing new: kept
+        assert (again[:, 0] - expected).abs().max() < 1e-4
+    padded = torch.tensor([[0, 0, 5, 6, 7, 8, 9], [5, 6, 7, 8, 9, 10, 11]])
+    batch = Drafter(model, "diffusiongemma", VOCAB, canvas_seed=3, first_token="encoder")
+    with torch.no_grad():
+        _, after = batch.family.canvas_logits(model, padded, (padded > 0).long(), torch.zeros(2, 6, dtype=torch.long),
+                                              next_token=True)
+    assert (after[:1, :VOCAB].log_softmax(-1) - expected).abs().max() < 1e-4
+    for seed in range(3):
+        for steps in (1, 3):
+            check_greedy(Drafter(model, "diffusiongemma", VOCAB, canvas_seed=seed, first_token="encoder", lean=lean),
+                         tiny_verifier(seed), seed, 8, steps, "inside")
+    with pytest.raises(AlignError, match="first_token"):
+        Drafter(tiny_drafter("mdlm", 2), "mdlm", VOCAB, mask_token_id=3, first_token="encoder")

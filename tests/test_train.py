@@ -36,8 +36,9 @@ def overrides(model_dirs, prompts, out, family="diffusiongemma", **extra) -> lis
     }
     if family == "dream":
         base["drafter.trust_remote_code"] = "true"
-    if family != "diffusiongemma":  # recipes/tiny.yaml's next-token term reads DiffusionGemma's packed prefix pass
-        base["distill.next_token_weight"] = 0
+    if family != "diffusiongemma":  # recipes/tiny.yaml's next-token term and first token read DiffusionGemma's
+        base["distill.next_token_weight"] = 0  # causal prefix pass
+        base["distill.first_token"] = "canvas"
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
 
@@ -182,14 +183,25 @@ def test_the_next_token_term_is_added_with_its_weight(model_dirs, world_prompts,
     assert 0.5 * math.log(vocab) < term < 2 * math.log(vocab), (term, vocab)
 
 
-def test_the_canvas_seed_travels_with_the_export(model_dirs, world_prompts, tmp_path):
-    from align.loading import canvas_seed_of, load_pair
+def test_how_the_drafter_drafts_travels_with_the_export(model_dirs, world_prompts, tmp_path):
+    """distill.canvas_seed and distill.first_token reach the export's meta.json, and every loader drafts so; the
+    held-out metrics are those of the first token decoding drafts (the encoder's: they differ from the canvas's)."""
+    from align.loading import drafting_of, load_pair
 
     out = tmp_path / "run"
-    assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1, "distill.canvas_seed": 5})) == 0
-    assert json.loads((out / "final" / "meta.json").read_text())["canvas_seed"] == 5
+    assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1, "distill.canvas_seed": 5,
+                                                                 "distill.first_token": "encoder"})) == 0
+    meta = json.loads((out / "final" / "meta.json").read_text())
+    assert (meta["canvas_seed"], meta["first_token"]) == (5, "encoder")
     drafter, _, _ = load_pair(str(out / "final"), str(model_dirs["verifier"]), "diffusiongemma")
-    assert drafter.canvas_seed == 5 and canvas_seed_of(model_dirs["diffusiongemma"]) is None
+    assert (drafter.canvas_seed, drafter.first_token) == (5, "encoder")
+    assert drafting_of(model_dirs["diffusiongemma"]) == {"canvas_seed": None, "first_token": "canvas"}
+    canvas = tmp_path / "canvas"
+    assert run_main(overrides(model_dirs, world_prompts, canvas, **{"train.max_steps": 1, "distill.canvas_seed": 5,
+                                                                    "distill.first_token": "canvas"})) == 0
+    before = [json.loads((run / "final" / "meta.json").read_text())["heldout"]["before"] for run in (out, canvas)]
+    assert before[0]["q_per_position"][1:] == before[1]["q_per_position"][1:]  # the same model: rows 2.. agree
+    assert before[0]["expected_streak"] != before[1]["expected_streak"]  # the first row is another one
 
 
 def test_export_cli_matches_the_final_export(model_dirs, world_prompts, tmp_path):
@@ -211,8 +223,8 @@ def test_bad_input_is_refused_with_one_line(model_dirs, world_prompts, tmp_path)
         (["distill.objective=magic"], "distill.objective"),
         (["distill.gamma=200"], "longer than any rollout can be"),
         ([f"drafter.path={model_dirs['verifier']}"], "is a llama model, not a DiffusionGemma"),
-        ([f"drafter.path={model_dirs['verifier']}", "drafter.family=mdlm", "distill.next_token_weight=0"],
-         "causal language model.*not a diffusion"),
+        ([f"drafter.path={model_dirs['verifier']}", "drafter.family=mdlm", "distill.next_token_weight=0",
+          "distill.first_token=canvas"], "causal language model.*not a diffusion"),
     ]
     for extra, words in cases:
         with pytest.raises(AlignError, match=words):

@@ -23,7 +23,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
     against the verifier alone: accepted per block, τ, tokens/s, and (greedy) token-for-token equality."""
     from tqdm.auto import tqdm
 
-    from align.loading import (canvas_seed_of, default_device, infer_family, load_drafter_model, load_verifier_model,
+    from align.loading import (default_device, drafting_of, infer_family, load_drafter_model, load_verifier_model,
                                shared_vocab_size)
     from align.drafter import Drafter
     from align.metrics import DecodeStats, now
@@ -73,7 +73,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
             dpath = resolve(args.diffusion)
             family = infer_family(dpath)
             model, _ = load_drafter_model(dpath, family, "float32", device=device)
-            return Drafter(model, family, vocab, tokenizer.mask_token_id, canvas_seed=canvas_seed_of(dpath))
+            return Drafter(model, family, vocab, tokenizer.mask_token_id, **drafting_of(dpath))
         drafters.append(("diffusion", diffusion))
     results = []
     for label, build in drafters:

@@ -28,6 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from align.distill.windows import window_canvas
+from align.drafter import lm_logits
 from align.errors import AlignError
 
 QUERIES_PER_CALL = 256  # canvas positions per decoder call and rollout: C = max(1, QUERIES_PER_CALL // γ)
@@ -169,10 +170,10 @@ def packed_logits(model: Any, batch: PackedBatch, self_conditioning: torch.Tenso
         ).last_hidden_state
         where[rows, j] = sum(len(h) for h in out) + torch.arange(len(rows) * per_call, device=device).view(-1, per_call)
         out.append(hidden.reshape(len(rows) * per_call, gamma, -1))
-    logits = _head(core, torch.cat(out)[where.view(-1)[batch.slots]])
+    logits = lm_logits(core, torch.cat(out)[where.view(-1)[batch.slots]])
     if not next_token:
         return logits
-    return logits, _head(core, encoded[next_token_labels(batch)[0]])
+    return logits, lm_logits(core, encoded[next_token_labels(batch)[0]])
 
 
 def next_token_labels(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,13 +182,6 @@ def next_token_labels(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     after = positions[None, :] + 1
     where = (after >= batch.prompt_len[:, None]) & (after < batch.seq_mask.sum(1, keepdim=True))
     return where, batch.seq.roll(-1, dims=1)[where]
-
-
-def _head(core: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """The drafter's output logits (float32, soft-capped as the model caps them)."""
-    logits = core.lm_head(hidden).float()
-    cap = core.final_logit_softcapping
-    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 @torch.no_grad()
