@@ -78,6 +78,10 @@ class DataConfig:
     packing: bool | None = option(None, "Train every window of a rollout from one encoder pass "
                                   "(align/distill/packing.py); null: on where that is exact (diffusiongemma, whose "
                                   "encoder is causal), off for the bidirectional families.")
+    group_size: int | None = option(None, "Packed training: windows of one rollout that travel together and share "
+                                    "its encoder pass; each epoch cuts every rollout's windows into groups of this "
+                                    "many. Smaller: more rollouts per micro-batch (more next-token labels, more varied "
+                                    "windows) for more encoder work. null: 256 / distill.gamma.", min=1)
     heldout_fraction: float = option(0.05, "Fraction of prompts whose rollouts are held out for evaluation windows.",
                                      min=0.0, max=0.5)
 

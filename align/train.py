@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
     t = recipe.train
     accumulation = engine.accumulation
     order = WindowOrder(len(train_pairs), recipe.run.seed, rollout_spans(train_pairs) if packed else None,
-                        offsets_per_call(gamma))
+                        recipe.data.group_size or offsets_per_call(gamma))
     bar = tqdm(total=t.max_steps, initial=state["step"], desc="train", disable=not lead, dynamic_ncols=True)
     engine.train(True)
     while state["step"] < t.max_steps:

@@ -265,9 +265,10 @@ def synthetic_rollouts(count: int, prompt_len: int, response_len: int, vocab: in
 
 
 def training_cost(model, rows: list[dict], gamma: int, micro: int, steps: int, packed: bool, vocab: int,
-                  max_prefix_len: int) -> dict:
+                  max_prefix_len: int, group: int | None = None) -> dict:
     """Windows/s of forward + backward (cross-entropy) over ``steps`` micro-batches of ``micro`` windows, taken in
-    the trainer's order (random windows per window; groups of one decoder call's offsets of a rollout when packed),
+    the trainer's order (random windows per window; groups of ``group`` windows of a rollout when packed, default one
+    decoder call's offsets),
     after one untimed micro-batch;
     and the supervised share of the positions the model ran (padding included)."""
     import torch
@@ -280,7 +281,7 @@ def training_cost(model, rows: list[dict], gamma: int, micro: int, steps: int, p
     from align.train import WindowOrder, rollout_spans
 
     pairs = window_index([len(r["response_ids"]) for r in rows], list(range(len(rows))))
-    order = WindowOrder(len(pairs), 0, rollout_spans(pairs) if packed else None, offsets_per_call(gamma))
+    order = WindowOrder(len(pairs), 0, rollout_spans(pairs) if packed else None, group or offsets_per_call(gamma))
     model.train()
     timed = supervised = processed = 0.0
     for i in range(steps + 1):
@@ -319,20 +320,21 @@ def train_section(args: argparse.Namespace) -> dict[str, Any]:
     model, tokenizer = load_drafter_model(recipe.drafter.path, "diffusiongemma")
     vocab = len(tokenizer)
     rows, _ = within_vocab(load_rollouts(recipe).select_columns(["prompt_ids", "response_ids"]).to_list(), vocab)
-    cases = [("zoo:tiny-diffusiongemma", model, rows, "tiny recipe's", recipe.distill.gamma, recipe.data.max_prefix_len)]
+    cases = [("zoo:tiny-diffusiongemma", model, rows, "tiny recipe's", recipe.distill.gamma, recipe.data.max_prefix_len,
+              recipe.data.group_size)]
     if args.replica:
         replica, _ = load_drafter_model("zoo:replica-diffusiongemma", "diffusiongemma")
         vocab_r = replica.config.text_config.vocab_size
         cases.append(("zoo:replica-diffusiongemma", replica,
                       synthetic_rollouts(16, args.replica_prompt, args.replica_response, vocab_r, 0),
-                      f"random, prompt {args.replica_prompt} + response {args.replica_response}", 16, 2048))
+                      f"random, prompt {args.replica_prompt} + response {args.replica_response}", 16, 2048, None))
     out = {}
-    for name, m, data, what, gamma, max_prefix_len in cases:
+    for name, m, data, what, gamma, max_prefix_len, group in cases:
         v = m.config.text_config.vocab_size
         results = {}
         for packed in (False, True):
             micro = args.micro if name.endswith("tiny-diffusiongemma") else args.replica_micro
-            results[packed] = training_cost(m, data, gamma, micro, args.train_steps, packed, v, max_prefix_len)
+            results[packed] = training_cost(m, data, gamma, micro, args.train_steps, packed, v, max_prefix_len, group)
         for packed in (False, True):
             r = results[packed]
             ratio = f"{r['windows_per_s'] / results[False]['windows_per_s']:.1f}×" if packed else ""

@@ -175,3 +175,23 @@ def test_a_canvas_seed_gives_every_window_the_same_canvas_packed_or_not():
         per_window = FAMILIES["diffusiongemma"].canvas_logits(model, windows.prefix, windows.prefix_mask,
                                                               windows.canvas)
         assert (packed_logits(model, packed) - per_window).abs().max() < 1e-5
+
+
+def test_small_groups_take_one_decoder_call_without_empty_slots_and_still_equal_per_window():
+    """data.group_size: the trainer's order cuts each rollout's windows into groups of g, so a micro-batch of
+    groups holds more rollouts with at most g windows each; the decoder call then has g offset slots per rollout (not
+    256 / γ, mostly empty), and the logits still equal the per-window path's."""
+    from align.train import WindowOrder, rollout_spans
+
+    model = sliding_drafter().eval()
+    rows = rollouts(8, seed=3)
+    pairs = window_index([len(r["response_ids"]) for r in rows], list(range(len(rows))))
+    order = WindowOrder(len(pairs), 0, rollout_spans(pairs), group=3)
+    batch = pairs[order.take(0, 12)]
+    chunks = batch.view(4, 3, 2)[:, :, 0] if len(batch) == 12 else None
+    assert chunks is not None and all(len(set(c.tolist())) == 1 for c in chunks)  # each group: one rollout
+    with torch.no_grad():
+        windows, packed, per_window, packed_out = both(model, rows, batch, gamma=6)
+    _, calls, per_call, _ = packed.canvas.shape
+    assert (calls, per_call) == (1, 3)  # 256 / γ would be 42 slots per rollout
+    assert (packed_out - per_window).abs().max() < 1e-5

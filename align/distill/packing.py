@@ -15,7 +15,8 @@ the prompt is cut, and each window sees the whole response before it, as decodin
 
 A batch holds G rollouts; the decoder runs ⌈offsets / C⌉ times, call j over the C·γ canvas positions of the j-th
 chunk of C offsets of every rollout that has one, reading the same encoder keys: the attention costs
-(C·γ) × (S + C·γ) per chunk instead of one dense (all offsets)² matrix.
+(C·γ) × (S + C·γ) per chunk instead of one dense (all offsets)² matrix. C is 256 / γ, or the most windows any
+rollout of the batch has when that is fewer (``data.group_size``).
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def make_packed(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int, 
     groups: dict[int, list[int]] = {}
     for row, t in pairs.tolist():
         groups.setdefault(row, []).append(t)
-    per_call = offsets_per_call(gamma)
-    calls = max(math.ceil(len(ts) / per_call) for ts in groups.values())
+    most = max(len(ts) for ts in groups.values())
+    per_call = min(offsets_per_call(gamma), most)  # no slot every rollout leaves empty
+    calls = math.ceil(most / per_call)
     seqs = []
     for row in groups:
         item = rollouts[row]
