@@ -62,8 +62,7 @@ class Family:
                            next_token: bool = False) -> Any:
         """Logits (B, γ, V) for canvas row b after prefix b (1, L_b), prefixes of different lengths, in one call:
         left-padded to the longest (``states``, one per row, are what a family that caches the prefix keeps)."""
-        if next_token:
-            raise AlignError(f"the {self.name} family has no causal prefix pass to draft a first token from")
+        no_prefix_pass(self, next_token)
         longest = max(p.shape[1] for p in prefixes)
         padded = torch.stack([F.pad(p[0], (longest - p.shape[1], 0)) for p in prefixes])
         mask = torch.stack([F.pad(torch.ones_like(p[0]), (longest - p.shape[1], 0)) for p in prefixes])
@@ -113,11 +112,7 @@ class DiffusionGemmaFamily(Family):
                                self_conditioning_logits=self_conditioning).logits
             if not next_token:
                 return logits
-            if after is not None:
-                state.next_logits = after
-            if state.next_logits is None:
-                raise AlignError("no next-token logits for this prefix: the drafter was first asked without them")
-            return logits, state.next_logits
+            return logits, self._remember(state, after)
         mask = torch.ones_like(prefix) if prefix_mask is None else prefix_mask
         length = mask.sum(-1, keepdim=True)
         config = getattr(model, "module", model).config  # through a DeepSpeed engine too
@@ -151,12 +146,17 @@ class DiffusionGemmaFamily(Family):
         if not next_token:
             return lean.logits_many(parts, canvas, self_conditioning)
         logits, after = lean.logits_many(parts, canvas, self_conditioning, True)
-        for state, row in zip(states, after):
-            if row is not None:
-                state.next_logits = row
-        if any(state.next_logits is None for state in states):
+        return logits, torch.cat([self._remember(state, row) for state, row in zip(states, after)])
+
+    @staticmethod
+    def _remember(state: PrefixState, after: torch.Tensor | None) -> torch.Tensor:
+        """The encoder's next-token logits after the state's prefix: ``after`` when this pass computed them (new
+        tokens), else those kept from the pass that did."""
+        if after is not None:
+            state.next_logits = after
+        if state.next_logits is None:
             raise AlignError("no next-token logits for this prefix: the drafter was first asked without them")
-        return logits, torch.cat([state.next_logits for state in states])
+        return state.next_logits
 
     @staticmethod
     def _advance(state: PrefixState, prefix: torch.Tensor, config: Any) -> tuple[int, torch.Tensor | None]:

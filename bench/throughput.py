@@ -117,7 +117,7 @@ def decode_section(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from align.drafter import DiffusionGemmaPass, Drafter
-    from align.loading import (drafting_of, default_device, load_drafter_model, load_verifier_model,
+    from align.loading import (default_device, drafting_of, load_drafter_model, load_verifier_model,
                                shared_vocab_size)
     from align.metrics import now
     from align.prompts import encode_prompt

@@ -30,7 +30,7 @@ import align
 from align.config import SelectionConfig, build_recipe
 from align.errors import AlignError, run_cli
 from align.files import write_text
-from align.loading import (drafting_of, check_model_folder, default_device, infer_family, load_drafter_model,
+from align.loading import (check_model_folder, default_device, drafting_of, infer_family, load_drafter_model,
                            load_verifier_model, shared_vocab_size)
 from align.lossless import lossless_counts
 from align.metrics import now

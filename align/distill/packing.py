@@ -32,7 +32,7 @@ from align.distill.windows import window_canvas
 from align.drafter import lm_logits
 from align.errors import AlignError
 
-QUERIES_PER_CALL = 256  # canvas positions per decoder call and rollout: C = max(1, QUERIES_PER_CALL // γ)
+QUERIES_PER_CALL = 256  # canvas positions per decoder call and rollout, at most: C ≤ max(1, 256 // γ)
 
 
 @dataclass
