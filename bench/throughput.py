@@ -9,6 +9,8 @@ Training (``--train``, :func:`train_section`): forward + backward (cross-entropy
 in the trainer's order, per window and packed, after one untimed micro-batch: windows/s, and the share of the
 positions the model ran (padding included) that carry a label; on ``recipes/tiny.yaml``'s rollouts with its drafter,
 and with ``--replica`` on zoo:replica-diffusiongemma (Gemma's structure, random weights) with random-token rollouts.
+Three paths: per window, packed in the recipe's groups (``data.group_size``), and packed in whole rollouts (each
+read once); beside them the ceiling, :func:`packing_ceiling`, the most packing can gain on those rollouts.
 
 Decoding (``--decode``, :func:`decode_section`): the verifier and a DiffusionGemma drafter on N held-out tinyworld
 prompts, greedy. Two paths, measured in the same run: "before", the models' own forwards (``Drafter(lean=False)``,
@@ -291,8 +293,8 @@ def training_cost(model, rows: list[dict], gamma: int, micro: int, steps: int, p
         if packed:
             batch = make_packed(*args)
             logits = packed_logits(model, batch)
-            g, calls, per_call, _ = batch.canvas.shape
-            ran = batch.seq.numel() + g * calls * per_call * gamma
+            run_slots = int((batch.offsets[:, :, 0] >= 0).sum()) * batch.offsets.shape[2]  # calls that run
+            ran = batch.seq.numel() + run_slots * gamma
         else:
             batch = make_windows(*args)
             logits = FAMILIES["diffusiongemma"].canvas_logits(model, batch.prefix, batch.prefix_mask, batch.canvas)
@@ -304,18 +306,34 @@ def training_cost(model, rows: list[dict], gamma: int, micro: int, steps: int, p
             timed += now(model.device) - start
             supervised += float((batch.labels >= 0).sum())
             processed += ran
-    return {"windows_per_s": steps * micro / timed, "supervised_share": supervised / processed}
+    return {"windows_per_s": steps * micro / timed, "supervised_share": supervised / processed,
+            "positions_per_window": processed / (steps * micro)}
+
+
+def packing_ceiling(rows: list[dict], gamma: int, max_prefix_len: int) -> float:
+    """The most packing can gain here, counted in positions: what per-window training runs (each window's prefix and
+    its γ canvas positions) over what packing runs with every rollout read once (``prompt ‖ response``, then γ canvas
+    positions per window), padding left out of both. Packed windows/s can exceed per-window by this much at most
+    when a position costs the same on both paths."""
+    per_window = packed = 0
+    for r in rows:
+        prompt, n = len(r["prompt_ids"]), len(r["response_ids"])
+        per_window += sum(min(prompt + t, max_prefix_len) + gamma for t in range(n))
+        packed += min(prompt, max_prefix_len) + n + n * gamma
+    return per_window / packed
 
 
 def train_section(args: argparse.Namespace) -> dict[str, Any]:
     from align.config import load_recipe
+    from align.distill.packing import offsets_per_call
     from align.loading import load_drafter_model
     from align.rollouts import load_rollouts
     from align.train import within_vocab
 
     print("\n## Training: windows/s of forward + backward, per window vs packed\n")
-    print("| model | rollouts | γ | micro-batch | path | windows/s | supervised ÷ processed positions | packed ÷ per window |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | rollouts | γ | micro-batch | path | windows/s | positions run per window | supervised ÷ processed "
+          "positions | ÷ per window | ceiling (positions) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     recipe = load_recipe("recipes/tiny.yaml", [])
     model, tokenizer = load_drafter_model(recipe.drafter.path, "diffusiongemma")
     vocab = len(tokenizer)
@@ -331,16 +349,22 @@ def train_section(args: argparse.Namespace) -> dict[str, Any]:
     out = {}
     for name, m, data, what, gamma, max_prefix_len, group in cases:
         v = m.config.text_config.vocab_size
+        micro = args.micro if name.endswith("tiny-diffusiongemma") else args.replica_micro
+        whole = max(len(r["response_ids"]) for r in data)  # a group as long as any rollout: each rollout read once
+        paths = {"per window": (False, None), f"packed, groups of {group or offsets_per_call(gamma)}": (True, group),
+                 "packed, whole rollouts": (True, whole)}
+        ceiling = packing_ceiling(data, gamma, max_prefix_len)
         results = {}
-        for packed in (False, True):
-            micro = args.micro if name.endswith("tiny-diffusiongemma") else args.replica_micro
-            results[packed] = training_cost(m, data, gamma, micro, args.train_steps, packed, v, max_prefix_len, group)
-        for packed in (False, True):
-            r = results[packed]
-            ratio = f"{r['windows_per_s'] / results[False]['windows_per_s']:.1f}×" if packed else ""
-            print(f"| {name} | {what} | {gamma} | {micro} | {'packed' if packed else 'per window'} | "
-                  f"{r['windows_per_s']:.0f} | {r['supervised_share']:.3f} | {ratio} |", flush=True)
-        out[name] = {"per_window": results[False], "packed": results[True]}
+        for label, (packed, size) in paths.items():
+            results[label] = r = training_cost(m, data, gamma, micro, args.train_steps, packed, v, max_prefix_len,
+                                               size)
+            ratio = f"{r['windows_per_s'] / results['per window']['windows_per_s']:.1f}×" if packed else ""
+            print(f"| {name} | {what} | {gamma} | {micro} | {label} | {r['windows_per_s']:.{0 if r['windows_per_s'] >= 100 else 1}f} | "
+                  f"{r['positions_per_window']:.1f} | {r['supervised_share']:.3f} | {ratio} | "
+                  f"{'' if packed else f'{ceiling:.2f}×'} |", flush=True)
+        out[name] = {"paths": results, "ceiling": ceiling}
+    print("\nceiling: positions per window on the per-window path ÷ with every rollout read once and γ canvas positions "
+          "per window (padding left out): the most packing gains where a position costs the same on both paths.")
     return out
 
 

@@ -195,3 +195,31 @@ def test_small_groups_take_one_decoder_call_without_empty_slots_and_still_equal_
     _, calls, per_call, _ = packed.canvas.shape
     assert (calls, per_call) == (1, 3)  # 256 / γ would be 42 slots per rollout
     assert (packed_out - per_window).abs().max() < 1e-5
+
+
+def test_the_packing_ceiling_counts_the_positions_each_path_collates():
+    """bench/throughput.py's ceiling: per-window positions (each window alone, so no padding) over packed positions
+    (each rollout read once, one decoder call of all its offsets), from the collated batches themselves; and by hand
+    for one rollout whose prefix data.max_prefix_len cuts."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "throughput.py"
+    spec = importlib.util.spec_from_file_location("bench_throughput", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    rows, gamma, cut = rollouts(5, seed=6), 4, 512
+    per_window = packed = 0
+    for row, item in enumerate(rows):
+        pairs = window_index([len(r["response_ids"]) for r in rows], [row])
+        args = (rows, pairs, gamma, cut, "diffusiongemma", None, VOCAB, 0)
+        for one in pairs.split(1):
+            w = make_windows(rows, one, *args[2:])
+            per_window += w.prefix.numel() + w.canvas.numel()
+        p = make_packed(*args)
+        assert p.offsets.shape[:2] == (1, 1)  # every offset in one call
+        packed += p.seq.numel() + p.canvas.numel()
+    assert bench.packing_ceiling(rows, gamma, cut) == pytest.approx(per_window / packed)
+    one = [{"prompt_ids": [5] * 6, "response_ids": [7] * 3}]  # prefixes 6, 7, 8 cut to 7: (6+7+7 + 3·2) / (6+3+3·2)
+    assert bench.packing_ceiling(one, 2, 7) == pytest.approx(26 / 15)
