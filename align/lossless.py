@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from align.verifier import cache_keyword
+
 #: how many units in the last place of the top logit count as a tie (the spread of one rounding per layer pass)
 NEAR_TIE_ULPS = 4
 #: draft tokens appended to the prefix when the block-scoring kernel shape is measured
@@ -59,9 +61,10 @@ def classify(model: Any, prompt: list[int], output: list[int], reference: list[i
     ids = torch.tensor([prompt + reference[:index]], device=param.device)
     logits = model(input_ids=ids).logits[0, -1].float()
     cache = DynamicCache(config=model.config)  # generate's own path: the prompt at once, then one token at a time
-    stepped = model(input_ids=ids[:, :len(prompt)], past_key_values=cache, use_cache=True).logits[0, -1]
+    with_cache = {cache_keyword(model): cache}
+    stepped = model(input_ids=ids[:, :len(prompt)], **with_cache, use_cache=True).logits[0, -1]
     for i in range(len(prompt), ids.shape[1]):
-        stepped = model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits[0, -1]
+        stepped = model(input_ids=ids[:, i:i + 1], **with_cache, use_cache=True).logits[0, -1]
     stepped = stepped.float()
     block = torch.tensor([output[index:index + BLOCK]], device=param.device)  # scored with the prefix, as a block is
     blocked = model(input_ids=torch.cat([ids, block], 1)).logits[0, ids.shape[1] - 1].float()

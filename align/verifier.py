@@ -28,6 +28,20 @@ def context_length(config: Any) -> int | None:
     return getattr(text, "max_position_embeddings", None)
 
 
+def forward_accepts(model: Any) -> set[str]:
+    """The keyword arguments ``model.forward`` names (empty when its signature cannot be read)."""
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def cache_keyword(model: Any) -> str:
+    """The name ``model.forward`` takes its KV cache by: ``cache`` in transformers 5 (which deprecates
+    ``past_key_values``, with a warning, until it removes it), ``past_key_values`` before and in wrappers."""
+    return "cache" if "cache" in forward_accepts(model) else "past_key_values"
+
+
 class Verifier:
     """A causal LM that scores drafts in one pass per block."""
 
@@ -37,12 +51,8 @@ class Verifier:
         # forward's current name (transformers 5 deprecates past_key_values, with a warning per call), and logits
         # only for the positions scoring reads (logits_to_keep: the pass over the prompt skips the LM head on it)
         self.lean = lean_default() if lean is None else lean
-        try:
-            accepts = set(inspect.signature(model.forward).parameters)
-        except (TypeError, ValueError):
-            accepts = set()
-        self._cache_name = "cache" if "cache" in accepts else "past_key_values"
-        self._keep = "logits_to_keep" in accepts
+        self._cache_name = cache_keyword(model)
+        self._keep = "logits_to_keep" in forward_accepts(model)
         self.max_length = context_length(model.config)
         text = model.config.get_text_config()
         sliding = getattr(text, "sliding_window", None) and any(

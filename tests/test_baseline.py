@@ -265,3 +265,25 @@ def test_eval_acceptance_measures_the_ar_drafter_beside_the_diffusion_drafter(mo
     results = json.loads((out / "acceptance.json").read_text())["results"]
     assert {r["label"] for r in results} == {"aligned", "ar"} and all(r["lossless"] for r in results)
     assert "| ar |" in (out / "report.md").read_text()
+
+
+@torch.no_grad()
+def test_no_deprecated_cache_keyword_reaches_the_models():
+    """transformers 5 names the KV cache ``cache`` and warns on ``past_key_values`` until it removes it: the AR
+    drafter, the verifier and the lossless checker pass it by the name the model's forward takes."""
+    import warnings
+
+    from align.lossless import classify
+
+    verifier = tiny_verifier(2)
+    drafter = ARDrafter(copy_of(verifier, 0.3, seed=2), VOCAB)
+    prompt = [5, 9, 17, 33, 8]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = SpeculativeDecoder(drafter, Verifier(verifier, lean=True), eos_token_ids=None).generate(prompt, 30, 6)
+        reference = ar_generate(verifier, prompt, 30, eos_token_ids=[])
+        flipped = reference[:10] + [(reference[10] + 1) % VOCAB] + reference[11:]
+        verdict, _ = classify(verifier, prompt, flipped, reference)
+    assert out.tokens == reference and verdict == "mismatch"
+    deprecated = [str(w.message) for w in caught if "past_key_values" in str(w.message)]
+    assert not deprecated, deprecated[0]

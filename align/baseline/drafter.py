@@ -10,6 +10,7 @@ from transformers import DynamicCache
 
 from align.drafter import PrefixState
 from align.errors import AlignError
+from align.verifier import cache_keyword
 
 FAMILY = "ar"
 
@@ -39,6 +40,7 @@ class ARDrafter:
             raise AlignError(f"the AR drafter has {rows} logit rows, fewer than the {vocab_size} tokens of the shared "
                              "vocabulary")
         self.model = model.eval()
+        self._cache_name = cache_keyword(model)
         self.vocab_size = vocab_size
         self.state = PrefixState()
         self.expose_draft = expose_draft  # False: leave self.draft None, so the loop redraws from the rows
@@ -57,7 +59,7 @@ class ARDrafter:
     def _step(self, ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         """Run ``ids`` (B, n) on ``cache``; the log-probabilities (B, V) after the last one."""
         self.forward_calls += 1
-        logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = self.model(input_ids=ids, **{self._cache_name: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         return logits[..., :self.vocab_size].float().log_softmax(-1)
 
     def _start(self, prefix: torch.Tensor) -> tuple[DynamicCache, torch.Tensor]:
