@@ -124,7 +124,8 @@ class DistillConfig:
 @dataclass
 class TrainConfig:
     max_steps: int = option(300, "Optimizer steps.", min=1)
-    micro_batch_size: int = option(16, "Windows per process per forward pass.", min=1)
+    micro_batch_size: int = option(16, "Windows per process per forward pass (per window: cut from the global "
+                                   "batch ordered by prefix length, so that each pads little).", min=1)
     global_batch_size: int = option(32, "Windows per optimizer step over all processes (sets accumulation).", min=1)
     lr: float = option(3e-4, "Peak learning rate.", min=0.0)
     weight_decay: float = option(0.005, "AdamW weight decay.", min=0.0)

@@ -38,7 +38,7 @@ from align.distill.denoise import advance, denoise_step
 from align.distill.losses import LOSSES, NEEDS_TEACHER, PER_WINDOW, ce_loss, next_token_loss
 from align.distill.packing import (make_packed, next_token_labels, offsets_per_call, packed_logits,
                                    packed_teacher_logits)
-from align.distill.windows import make_windows, window_index
+from align.distill.windows import by_prefix_length, make_windows, window_index
 from align.errors import AlignError, run_cli
 from align.distill.lora import add_lora
 from align.export import export_checkpoint
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
     train_pairs = window_index(lengths, train_rows, recipe.distill.stride)
     eval_pairs = window_index(lengths, heldout or train_rows[:1], recipe.distill.stride)
     pick = torch.randperm(len(eval_pairs), generator=torch.Generator().manual_seed(recipe.run.seed))
-    eval_pairs = eval_pairs[pick[: recipe.train.eval_windows]]
+    eval_pairs = by_prefix_length(rows, eval_pairs[pick[: recipe.train.eval_windows]], recipe.data.max_prefix_len)
     data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs)}
     if lead:
         how = "packed: each rollout's windows from one encoder pass" if packing_on(recipe) else "one pass per window"
@@ -207,6 +207,8 @@ def main(argv: list[str]) -> int:
         torch.manual_seed(zlib.crc32(f"{recipe.run.seed}/{step}/{rank}".encode()))  # dropout: the same on resume
         start = time.perf_counter()
         windows = train_pairs[order.take(step * t.global_batch_size, t.global_batch_size)]
+        if not packed:  # micro-batches of near prefix lengths pad less; the batch's sums stay the same
+            windows = by_prefix_length(rows, windows, recipe.data.max_prefix_len)
         dens = denominators(windows, lengths, gamma, recipe)  # known from the labels alone, for the whole batch
         next_den = next_token_denominator(windows, lengths, t.micro_batch_size) if next_weight else 1.0
         share = objective_share(recipe, step)  # of the objective; cross-entropy takes the rest, plus ce_weight

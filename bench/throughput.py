@@ -10,7 +10,9 @@ in the trainer's order, per window and packed, after one untimed micro-batch: wi
 positions the model ran (padding included) that carry a label; on ``recipes/tiny.yaml``'s rollouts with its drafter,
 and with ``--replica`` on zoo:replica-diffusiongemma (Gemma's structure, random weights) with random-token rollouts.
 Three paths: per window, packed in the recipe's groups (``data.group_size``), and packed in whole rollouts (each
-read once); beside them the ceiling, :func:`packing_ceiling`, the most packing can gain on those rollouts.
+read once); beside them the ceiling, :func:`packing_ceiling`, the most packing can gain on those rollouts. Then the
+per-window path's micro-batches (32 of 64, ``recipes/tiny-mdlm.yaml``'s; 8 of 128, the GPU recipes') cut from
+each global batch in random order and, as the trainer cuts them, by prefix length.
 
 Decoding (``--decode``, :func:`decode_section`): the verifier and a DiffusionGemma drafter on N held-out tinyworld
 prompts, greedy. Two paths, measured in the same run: "before", the models' own forwards (``Drafter(lean=False)``,
@@ -267,47 +269,54 @@ def synthetic_rollouts(count: int, prompt_len: int, response_len: int, vocab: in
 
 
 def training_cost(model, rows: list[dict], gamma: int, micro: int, steps: int, packed: bool, vocab: int,
-                  max_prefix_len: int, group: int | None = None) -> dict:
-    """Windows/s of forward + backward (cross-entropy) over ``steps`` micro-batches of ``micro`` windows, taken in
-    the trainer's order (random windows per window; groups of ``group`` windows of a rollout when packed, default one
-    decoder call's offsets),
-    after one untimed micro-batch;
+                  max_prefix_len: int, group: int | None = None, global_batch: int | None = None,
+                  by_length: bool = False) -> dict:
+    """Windows/s of forward + backward (cross-entropy) over ``steps`` global batches of ``global_batch`` windows
+    (default ``micro``) in micro-batches of ``micro``, taken in the trainer's order (random windows per window,
+    ``by_length``: each global batch ordered by prefix length as the trainer does; groups of ``group`` windows of a
+    rollout when packed, default one decoder call's offsets), after one untimed global batch;
     and the supervised share of the positions the model ran (padding included)."""
     import torch
 
     from align.distill.losses import ce_loss
     from align.distill.packing import make_packed, offsets_per_call, packed_logits
-    from align.distill.windows import make_windows, window_index
+    from align.distill.windows import by_prefix_length, make_windows, window_index
     from align.drafter import FAMILIES
     from align.metrics import now
     from align.train import WindowOrder, rollout_spans
 
     pairs = window_index([len(r["response_ids"]) for r in rows], list(range(len(rows))))
     order = WindowOrder(len(pairs), 0, rollout_spans(pairs) if packed else None, group or offsets_per_call(gamma))
+    size = global_batch or micro
     model.train()
     timed = supervised = processed = 0.0
     for i in range(steps + 1):
-        windows = pairs[order.take(i * micro, micro)]
-        args = (rows, windows, gamma, max_prefix_len, "diffusiongemma", None, vocab, 0)
+        windows = pairs[order.take(i * size, size)]
+        if by_length:
+            windows = by_prefix_length(rows, windows, max_prefix_len)
         start = now(model.device)
-        if packed:
-            batch = make_packed(*args)
-            logits = packed_logits(model, batch)
-            run_slots = int((batch.offsets[:, :, 0] >= 0).sum()) * batch.offsets.shape[2]  # calls that run
-            ran = batch.seq.numel() + run_slots * gamma
-        else:
-            batch = make_windows(*args)
-            logits = FAMILIES["diffusiongemma"].canvas_logits(model, batch.prefix, batch.prefix_mask, batch.canvas)
-            ran = batch.prefix.numel() + batch.canvas.numel()
-        term = ce_loss(logits[..., :vocab], batch.labels, 1.0)
-        (term.num / term.den).backward()
+        for lo in range(0, size, micro):
+            args = (rows, windows[lo:lo + micro], gamma, max_prefix_len, "diffusiongemma", None, vocab, 0)
+            if packed:
+                batch = make_packed(*args)
+                logits = packed_logits(model, batch)
+                run_slots = int((batch.offsets[:, :, 0] >= 0).sum()) * batch.offsets.shape[2]  # calls that run
+                ran = batch.seq.numel() + run_slots * gamma
+            else:
+                batch = make_windows(*args)
+                logits = FAMILIES["diffusiongemma"].canvas_logits(model, batch.prefix, batch.prefix_mask,
+                                                                  batch.canvas)
+                ran = batch.prefix.numel() + batch.canvas.numel()
+            term = ce_loss(logits[..., :vocab], batch.labels, 1.0)
+            (term.num / term.den).backward()
+            if i:  # the first global batch warms up
+                supervised += float((batch.labels >= 0).sum())
+                processed += ran
         model.zero_grad(set_to_none=True)
-        if i:  # the first micro-batch warms up
+        if i:
             timed += now(model.device) - start
-            supervised += float((batch.labels >= 0).sum())
-            processed += ran
-    return {"windows_per_s": steps * micro / timed, "supervised_share": supervised / processed,
-            "positions_per_window": processed / (steps * micro)}
+    return {"windows_per_s": steps * size / timed, "supervised_share": supervised / processed,
+            "positions_per_window": processed / (steps * size)}
 
 
 def packing_ceiling(rows: list[dict], gamma: int, max_prefix_len: int) -> float:
@@ -359,12 +368,26 @@ def train_section(args: argparse.Namespace) -> dict[str, Any]:
             results[label] = r = training_cost(m, data, gamma, micro, args.train_steps, packed, v, max_prefix_len,
                                                size)
             ratio = f"{r['windows_per_s'] / results['per window']['windows_per_s']:.1f}×" if packed else ""
-            print(f"| {name} | {what} | {gamma} | {micro} | {label} | {r['windows_per_s']:.{0 if r['windows_per_s'] >= 100 else 1}f} | "
+            rate = f"{r['windows_per_s']:.{0 if r['windows_per_s'] >= 100 else 1}f}"
+            print(f"| {name} | {what} | {gamma} | {micro} | {label} | {rate} | "
                   f"{r['positions_per_window']:.1f} | {r['supervised_share']:.3f} | {ratio} | "
                   f"{'' if packed else f'{ceiling:.2f}×'} |", flush=True)
         out[name] = {"paths": results, "ceiling": ceiling}
     print("\nceiling: positions per window on the per-window path ÷ with every rollout read once and γ canvas positions "
           "per window (padding left out): the most packing gains where a position costs the same on both paths.")
+    print("\n## Per-window training: micro-batches cut from a global batch in random order vs by prefix length\n")
+    print("| model | micro-batch | global batch | order | windows/s | positions run per window | ÷ random |")
+    print("|---|---|---|---|---|---|---|")
+    for micro, size in ((32, 64), (8, 128)):  # recipes/tiny-mdlm.yaml's, the GPU recipes'
+        results = {by_length: training_cost(model, rows, recipe.distill.gamma, micro, args.train_steps, False,
+                                            model.config.text_config.vocab_size, recipe.data.max_prefix_len, None,
+                                            size, by_length)
+                   for by_length in (False, True)}
+        for by_length, r in results.items():
+            ratio = f"{r['windows_per_s'] / results[False]['windows_per_s']:.2f}×" if by_length else ""
+            print(f"| zoo:tiny-diffusiongemma | {micro} | {size} | {'by prefix length' if by_length else 'random'} | "
+                  f"{r['windows_per_s']:.0f} | {r['positions_per_window']:.1f} | {ratio} |", flush=True)
+        out[f"by_length_{micro}_{size}"] = {"random": results[False], "by_prefix_length": results[True]}
     return out
 
 

@@ -312,3 +312,46 @@ def test_a_one_process_batch_is_split_over_processes_and_a_bad_one_refused_up_fr
         fit_micro_batch(build_recipe({"train": {"micro_batch_size": 16, "global_batch_size": 48}}), 2, True)
     with pytest.raises(AlignError, match="multiple of train.micro_batch_size x processes"):
         fit_micro_batch(build_recipe({"train": {"micro_batch_size": 64, "global_batch_size": 64}}), 3, True)
+
+
+@pytest.mark.parametrize("family", ["diffusiongemma", "mdlm", "dream"])
+def test_micro_batches_by_prefix_length_pad_less_and_leave_every_window_its_logits(family):
+    """Per-window training reorders each global batch by prefix length before cutting it into micro-batches: the
+    order is a permutation, micro-batches pad less, and each window's logits are those it has alone (no padding),
+    so the batch's loss and gradient, sums over its windows, are unchanged."""
+    import random
+
+    from conftest import MASK, VOCAB, tiny_drafter
+    from align.distill.windows import by_prefix_length, make_windows, window_index
+    from align.drafter import FAMILIES
+
+    rng = random.Random(5)
+    rows = [{"prompt_ids": [rng.randrange(4, VOCAB) for _ in range(rng.randint(1, 9))],
+             "response_ids": [rng.randrange(4, VOCAB) for _ in range(rng.randint(1, 23))]} for _ in range(6)]
+    pairs = window_index([len(r["response_ids"]) for r in rows], list(range(len(rows))))
+    pairs = pairs[torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0))[:24]]
+    cut, gamma, micro = 20, 4, 6
+    ordered = by_prefix_length(rows, pairs, cut)
+    assert sorted(map(tuple, ordered.tolist())) == sorted(map(tuple, pairs.tolist()))
+    lengths = [min(len(rows[r]["prompt_ids"]) + t, cut) for r, t in ordered.tolist()]
+    assert lengths == sorted(lengths)
+
+    model, mask = tiny_drafter(family), MASK if FAMILIES[family].masked else None
+
+    @torch.no_grad()
+    def logits_by_window(order: torch.Tensor, size: int) -> tuple[dict, int]:
+        out, positions = {}, 0
+        for lo in range(0, len(order), size):
+            chunk = order[lo:lo + size]
+            batch = make_windows(rows, chunk, gamma, cut, family, mask, VOCAB, 0)
+            positions += batch.prefix.numel()
+            logits = FAMILIES[family].canvas_logits(model, batch.prefix, batch.prefix_mask, batch.canvas)
+            out.update({tuple(w): l for w, l in zip(chunk.tolist(), logits)})
+        return out, positions
+
+    alone, _ = logits_by_window(pairs, 1)
+    (shuffled, padded), (grouped, less) = logits_by_window(pairs, micro), logits_by_window(ordered, micro)
+    assert less < padded
+    for window, expected in alone.items():
+        assert (shuffled[window] - expected).abs().max() < 1e-5, window
+        assert (grouped[window] - expected).abs().max() < 1e-5, window

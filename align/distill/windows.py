@@ -42,6 +42,14 @@ def window_index(lengths: list[int], rows: list[int], stride: int = 1) -> torch.
     return torch.tensor(pairs, dtype=torch.long).view(-1, 2)
 
 
+def by_prefix_length(rollouts, pairs: torch.Tensor, max_prefix_len: int) -> torch.Tensor:
+    """The windows ``pairs`` reordered by prefix length (stable), so that micro-batches cut from them in order each
+    pad to a near length rather than to the longest of a random draw. A global batch's loss and gradient are sums
+    over its windows, and left padding changes no window's logits (``tests/test_train.py``), so neither changes."""
+    length = torch.tensor([min(len(rollouts[row]["prompt_ids"]) + t, max_prefix_len) for row, t in pairs.tolist()])
+    return pairs[torch.sort(length, stable=True).indices]
+
+
 def make_windows(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int, family: str,
                  mask_token_id: int | None, vocab_size: int, seed: int, pad_token_id: int = 0,
                  canvas_seed: int | None = None) -> WindowBatch:
