@@ -20,12 +20,26 @@ from transformers import DynamicCache
 if TYPE_CHECKING:
     from align.drafter import PrefixState
 
+def forward_accepts(model: Any) -> set[str]:
+    """The keyword arguments ``model.forward`` names (empty when its signature cannot be read)."""
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def cache_keyword(model: Any) -> str:
+    """The name ``model.forward`` (a model or its class) takes its KV cache by: ``cache`` in transformers 5 (which
+    deprecates ``past_key_values``, with a warning, until it removes it), ``past_key_values`` before and in
+    wrappers."""
+    return "cache" if "cache" in forward_accepts(model) else "past_key_values"
+
+
 @functools.lru_cache(maxsize=None)
 def _cache_keyword() -> str:
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    return "cache" if "cache" in inspect.signature(DiffusionGemmaForBlockDiffusion.forward).parameters \
-        else "past_key_values"
+    return cache_keyword(DiffusionGemmaForBlockDiffusion)
 
 
 def with_cache(cache: Any) -> dict[str, Any]:
@@ -444,12 +458,14 @@ class DiffusionGemmaPass:
         """Compare the first lean pass with the model's own forward (prefix cache, logits, and the encoder's
         next-token logits ``after`` when given); on a difference beyond float tolerance warn, stop using the lean
         pass and return the model's own."""
+        from align.drafter import lm_logits  # the model's own head (align.drafter imports this module)
+
         model = self.model
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
             encoded = model.model.encoder(input_ids=prefix, **with_cache(cache),
                                           position_ids=torch.arange(prefix.shape[1], device=prefix.device)[None])
-            plain_after = None if after is None else self._head(encoded.last_hidden_state[:, -1])
+            plain_after = None if after is None else lm_logits(model, encoded.last_hidden_state[:, -1])
             plain = model(**with_cache(cache), decoder_input_ids=canvas,
                           self_conditioning_logits=self_conditioning).logits
         # a structural difference (a mask, a missing term) shows as an O(1) relative difference; rounding in another

@@ -9,7 +9,6 @@ rolls the cache back to what was accepted.
 
 from __future__ import annotations
 
-import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from align.drafter_pass import grad_free, lean_default
+from align.drafter_pass import cache_keyword, forward_accepts, grad_free, lean_default
 from align.errors import AlignError
 from align.metrics import now
 
@@ -26,20 +25,6 @@ def context_length(config: Any) -> int | None:
     """The model's longest sequence, when its config says."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return getattr(text, "max_position_embeddings", None)
-
-
-def forward_accepts(model: Any) -> set[str]:
-    """The keyword arguments ``model.forward`` names (empty when its signature cannot be read)."""
-    try:
-        return set(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        return set()
-
-
-def cache_keyword(model: Any) -> str:
-    """The name ``model.forward`` takes its KV cache by: ``cache`` in transformers 5 (which deprecates
-    ``past_key_values``, with a warning, until it removes it), ``past_key_values`` before and in wrappers."""
-    return "cache" if "cache" in forward_accepts(model) else "past_key_values"
 
 
 class Verifier:

@@ -9,8 +9,8 @@ import torch
 from transformers import DynamicCache
 
 from align.drafter import PrefixState
+from align.drafter_pass import cache_keyword
 from align.errors import AlignError
-from align.verifier import cache_keyword
 
 FAMILY = "ar"
 
