@@ -29,14 +29,13 @@ or ``ALIGN_LEAN=0`` selects the model's own forward, as before.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from align.drafter_pass import DiffusionGemmaPass, grad_free, lean_default, with_cache
+from align.drafter_pass import DiffusionGemmaPass, PrefixState, grad_free, lean_default, lm_logits, with_cache
 from align.errors import AlignError
 
 
@@ -67,17 +66,6 @@ class Family:
         padded = torch.stack([F.pad(p[0], (longest - p.shape[1], 0)) for p in prefixes])
         mask = torch.stack([F.pad(torch.ones_like(p[0]), (longest - p.shape[1], 0)) for p in prefixes])
         return self.canvas_logits(model, padded, mask, canvas, self_conditioning)
-
-
-@dataclass
-class PrefixState:
-    """What a drafter remembers of the prefix between calls (DiffusionGemma: its encoder KV cache), and the lean
-    decoding pass to use (None: the model's own forward)."""
-
-    ids: list[int] = field(default_factory=list)
-    cache: Any = None
-    lean: "DiffusionGemmaPass | None" = None
-    next_logits: torch.Tensor | None = None  # (1, V) the encoder's next-token logits after ``ids``, once asked for
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
@@ -200,23 +188,27 @@ class ShiftedMaskedFamily(Family):
             pos = positions(torch.cat([prefix_mask, torch.ones_like(canvas)], -1))
         else:
             pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+        gamma = canvas.shape[1]
+        if _keeps_logits(model):  # the LM head over the rows read only: the last prefix position and the canvas's
+            logits = model(input_ids=ids, attention_mask=attention, position_ids=pos, logits_to_keep=gamma + 1).logits
+            return logits[:, :gamma]
         logits = model(input_ids=ids, attention_mask=attention, position_ids=pos).logits
         start = prefix.shape[1] - 1
-        return logits[:, start:start + canvas.shape[1]]
+        return logits[:, start:start + gamma]
+
+
+def _keeps_logits(model: Any) -> bool:
+    """Whether ``model`` (or the model inside a DeepSpeed engine) takes ``logits_to_keep`` (align's Dream classes
+    do; Dream's and DiffuCoder's own code does not)."""
+    from align.drafter_pass import forward_accepts
+
+    return "logits_to_keep" in forward_accepts(getattr(model, "module", model))
 
 
 def no_prefix_pass(family: Family, next_token: bool) -> None:
     if next_token:
         raise AlignError(f"the {family.name} family reads its prefix bidirectionally: it has no next-token prediction "
                          "to draft a first token from (first_token 'encoder' needs a diffusiongemma drafter)")
-
-
-def lm_logits(core: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """A ``DiffusionGemmaForBlockDiffusion``'s output logits for ``hidden``: its ``lm_head``, float32, soft-capped as
-    the model caps them."""
-    logits = core.lm_head(hidden).float()
-    cap = core.final_logit_softcapping
-    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (DiffusionGemmaFamily(), MaskedFamily(), ShiftedMaskedFamily())}
@@ -368,17 +360,18 @@ class Drafter:
         for step in range(steps):
             if self.first_token == "encoder" and step == 0:  # the encoder runs over the new prefix tokens now
                 logits, first = logits_of(canvas, self_conditioning, True)
+                first = first[:, None, :self.vocab_size].float().log_softmax(-1)
             else:
                 logits = logits_of(canvas, self_conditioning, False)
             logq = logits[..., :self.vocab_size].float().log_softmax(-1)
+            if first is not None and not committed[:, 0].all():  # the first row is the encoder's: commit from it
+                logq = torch.cat([first, logq[:, 1:]], dim=1)
             if step == steps - 1:
                 break
             canvas, committed = commit_step(logq, canvas, committed, step, steps, self.family.masked,
                                             self.vocab_size, temperature, generator)
             self_conditioning = logits
-        if committed.any():
+        if committed.any():  # committed rows are one-hot (the first too, when it was committed from the encoder)
             onehot = torch.full_like(logq, -math.inf).scatter_(-1, canvas[..., None], 0.0)
             logq = torch.where(committed[..., None], onehot, logq)
-        if first is not None:  # the first row: the encoder's own prediction, whatever the canvas committed
-            logq = torch.cat([first[:, None, :self.vocab_size].float().log_softmax(-1), logq[:, 1:]], dim=1)
         return logq

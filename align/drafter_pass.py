@@ -11,14 +11,32 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-if TYPE_CHECKING:
-    from align.drafter import PrefixState
+
+@dataclass
+class PrefixState:
+    """What a drafter remembers of the prefix between calls (DiffusionGemma: its encoder KV cache), and the lean
+    decoding pass to use (None: the model's own forward)."""
+
+    ids: list[int] = field(default_factory=list)
+    cache: Any = None
+    lean: "DiffusionGemmaPass | None" = None
+    next_logits: torch.Tensor | None = None  # (1, V) the encoder's next-token logits after ``ids``, once asked for
+
+
+def lm_logits(core: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """A ``DiffusionGemmaForBlockDiffusion``'s output logits for ``hidden``: its ``lm_head``, float32, soft-capped as
+    the model caps them."""
+    logits = core.lm_head(hidden).float()
+    cap = core.final_logit_softcapping
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
 
 def forward_accepts(model: Any) -> set[str]:
     """The keyword arguments ``model.forward`` names (empty when its signature cannot be read)."""
@@ -88,6 +106,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
+def _normalises(norm: torch.nn.Module) -> bool:
+    """Whether a norm module normalises (``DiffusionGemmaRMSNorm``), or passes its input through (``Skipped``, where
+    ``align.models.diffusiongemma`` follows Gemma 3)."""
+    return type(norm).__name__ != "Skipped"
+
+
 def _linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
     return F.linear(x, layer.weight, layer.bias)
 
@@ -138,7 +162,8 @@ class DiffusionGemmaPass:
     @staticmethod
     def supported(model: Any) -> str | None:
         """None when the lean pass computes what this model's forward computes, else the reason it may not."""
-        if type(model).__name__ != "DiffusionGemmaForBlockDiffusion":
+        from transformers import DiffusionGemmaForBlockDiffusion
+        if type(model).__name__ not in ("DiffusionGemmaForBlockDiffusion", "Gemma3ValueDiffusionGemma"):
             return f"{type(model).__name__} is not a DiffusionGemmaForBlockDiffusion"
         text = model.config.get_text_config()
         if text._attn_implementation not in ("sdpa", "eager"):
@@ -153,7 +178,7 @@ class DiffusionGemmaPass:
                 return f"layers other than {name}"
         # every module the pass reads must be transformers' own DiffusionGemma module, an activation or a plain
         # Linear: an adapter (PEFT's lora.Linear), a quantised linear or an offloading hook changes the arithmetic
-        own = (type(model).__module__, "transformers.activations")
+        own = (DiffusionGemmaForBlockDiffusion.__module__, "transformers.activations", "align.models.diffusiongemma")
         eps = set()
         for part in (inner.encoder.language_model, inner.decoder, model.lm_head):
             for module in part.modules():
@@ -348,7 +373,7 @@ class DiffusionGemmaPass:
         k = _linear(x, attn.k_proj).view(shape)
         v = _linear(x, attn.v_proj).view(shape) if attn.v_proj is not None else k
         k = _rotate(_rms(k, attn.k_norm.weight, eps), cos, sin).transpose(1, 2)
-        v = _rms(v, None, eps).transpose(1, 2)
+        v = (_rms(v, None, eps) if _normalises(attn.v_norm) else v).transpose(1, 2)
         kind, keys, offset = self.types[i], [], 0
         for b, (cache, start, n) in enumerate(segments):
             own_k, own_v = (k, v) if len(segments) == 1 else (k[:, :, offset:offset + n + c],
@@ -387,8 +412,9 @@ class DiffusionGemmaPass:
         mlp, residual = layer.mlp, h
         base = _normalised(h, eps)
         x = _scaled(base, layer.pre_feedforward_layernorm.weight, h)
-        dense = _rms(_linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj),
-                     layer.post_feedforward_layernorm_1.weight, eps)
+        dense = _linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
+        if _normalises(layer.post_feedforward_layernorm_1):  # (Gemma 3's value path has no second MLP norm)
+            dense = _rms(dense, layer.post_feedforward_layernorm_1.weight, eps)
         flat = base.reshape(-1, base.shape[-1])
         weights, index = self._route(layer.router, _scaled(flat, None, h))
         experts = self._experts(layer.experts, _scaled(flat, layer.pre_feedforward_layernorm_2.weight, h), index,
@@ -458,8 +484,6 @@ class DiffusionGemmaPass:
         """Compare the first lean pass with the model's own forward (prefix cache, logits, and the encoder's
         next-token logits ``after`` when given); on a difference beyond float tolerance warn, stop using the lean
         pass and return the model's own."""
-        from align.drafter import lm_logits  # the model's own head (align.drafter imports this module)
-
         model = self.model
         cache = DynamicCache(config=model.config)
         with torch.no_grad():

@@ -18,25 +18,10 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 from align.drafter import FAMILIES, FIRST_TOKEN, Drafter
 from align.errors import AlignError
 from align.verifier import Verifier
+from align.machine import default_device, usable_cores  # noqa: F401 (imported from here by callers)
 from align.zoo import resolve
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on (taskset, cgroups), not the machine's count."""
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def default_device() -> str:
-    """The accelerator when there is one (this process's GPU under a launcher), else the CPU."""
-    import os
-
-    if torch.cuda.is_available():
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-    return "cpu"
 
 
 def _config(path: str, role: str, trust_remote_code: bool = False) -> Any:
@@ -88,7 +73,9 @@ def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_rem
                          "check drafter.path")
     try:
         if family == "diffusiongemma":
-            from transformers import DiffusionGemmaForBlockDiffusion as cls
+            from align.models.diffusiongemma import drafter_class
+
+            cls = drafter_class(config)  # DiffusionGemma, or with Gemma 3's value path
         elif family == "mdlm":
             cls = AutoModelForMaskedLM
         else:

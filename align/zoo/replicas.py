@@ -191,7 +191,7 @@ def qwen_verifier(s: dict) -> torch.nn.Module:
 
 
 def dream_drafter(s: dict) -> torch.nn.Module:
-    from align.zoo.dream import DreamConfig, DreamModel
+    from align.models.dream import DreamConfig, DreamModel
 
     config = DreamConfig(mask_token_id=151666, pad_token_id=151643, **{**qwen_config(s), "eos_token_id": 151643})
     config.auto_map = {"AutoConfig": "dream.DreamConfig", "AutoModel": "dream.DreamModel"}
@@ -210,5 +210,5 @@ def build_replica(name: str, base_tokenizer: Any, scale: str = "cpu", seed: int 
     else:
         model = qwen_verifier(s) if role == "verifier" else dream_drafter(s)
         tokenizer = qwen_tokenizer(base_tokenizer, dream=role == "drafter")
-    code = [Path(__file__).with_name("dream.py")] if pair == "qwen" and role == "drafter" else []
+    code = [Path(__file__).parents[1] / "models" / "dream.py"] if pair == "qwen" and role == "drafter" else []
     return model, tokenizer, code
