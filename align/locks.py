@@ -44,7 +44,7 @@ def hold_folder(folder: Path, what: str) -> FileLock:
     raise ``AlignError`` at once when another process is writing there. The lock lives in the cache, keyed by the
     folder's absolute path, so the folder itself holds only what the run writes."""
     from align.errors import AlignError
-    from align.zoo import cache_dir
+    from align.paths import cache_dir
 
     key = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:16]
     path = lock_path(cache_dir(), f"output-{key}")

@@ -35,6 +35,23 @@ BLOCK = 16
 VERDICTS = ("exact", "near-tie", "mismatch")
 
 
+def chi_square_p(counts: Counter, probs: dict, n: int) -> float:
+    """Sampling losslessness: the p-value of ``n`` samples' ``counts`` against the exact distribution ``probs``
+    (outcome -> probability), by a chi-square test with the cells of expected count < 5 merged (the
+    Wilson-Hilferty approximation of its tail)."""
+    cells, merged_obs, merged_exp = [], 0.0, 0.0
+    for key, p in probs.items():
+        if n * p < 5:
+            merged_obs, merged_exp = merged_obs + counts.get(key, 0), merged_exp + n * p
+        else:
+            cells.append((counts.get(key, 0), n * p))
+    cells.append((merged_obs, merged_exp))
+    stat = sum((o - e) ** 2 / e for o, e in cells if e > 0)
+    df = max(1, len(cells) - 1)
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))  # Wilson-Hilferty
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
 def ulp(value: float, dtype: torch.dtype) -> float:
     """The spacing of ``dtype``'s numbers around ``value``."""
     eps = torch.finfo(dtype).eps

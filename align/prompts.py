@@ -1,4 +1,5 @@
-"""Prompts: reading prompt files and turning a prompt into the token ids a model is conditioned on.
+"""Prompts: reading prompt files and turning a prompt into the token ids a model is conditioned on (the zoo's prompt
+sources, ``tinyworld:`` and ``zoo:``, are read by ``align.zoo.load_prompts``).
 
 One formatting rule everywhere (pretraining, rollouts, decoding, evaluation): a tokenizer with a chat template gets
 the user turn plus the generation prompt; one without gets ``bos`` (when it has one) plus the text.
@@ -11,6 +12,28 @@ from pathlib import Path
 from typing import Any
 
 from align.errors import AlignError
+from align.paths import data_dir
+
+
+def data_file(relative: str, reader: str) -> Path:
+    """``data_dir() / relative``, or an error naming ``reader`` (what reads it) and ALIGN_DATA."""
+    path = data_dir() / relative
+    if not path.is_file():
+        raise AlignError(f"{reader} reads {path}, which is not there; set ALIGN_DATA to the folder holding "
+                         f"{relative}, or pass --prompts FILE.jsonl")
+    return path
+
+
+def read_specbench(path: Path) -> list[dict[str, Any]]:
+    """Spec-Bench's question file: ``{"question_id", "category", "turns": [...]}``; the first turn is the prompt."""
+    rows = []
+    for number, row in jsonl_lines(path, '{"question_id", "category", "turns": [...]}'):
+        try:
+            rows.append({"id": str(row["question_id"]), "prompt": row["turns"][0], "category": row["category"]})
+        except (KeyError, IndexError, TypeError):
+            raise AlignError(f"{path}:{number}: not a Spec-Bench question (needs question_id, category and "
+                             "turns)") from None
+    return rows
 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
@@ -59,35 +82,3 @@ def read_prompt_file(path: str | Path) -> list[dict[str, Any]]:
     if not rows:
         raise AlignError(f"prompts file {path} holds no prompts")
     return rows
-
-
-def load_prompts(source: str) -> list[dict[str, Any]]:
-    """Prompts from ``tinyworld:train`` / ``tinyworld:test`` / ``tinyworld:probe`` or a JSONL file."""
-    if source.startswith("tinyworld:"):
-        split = source.split(":", 1)[1]
-        files = {"train": "train_prompts.jsonl", "test": "test_prompts.jsonl", "probe": "probe.jsonl"}
-        if split not in files:
-            raise AlignError(f"unknown tiny-world split '{split}' in '{source}'; use one of "
-                             + ", ".join(f"tinyworld:{s}" for s in files))
-        from align.zoo import world_dir
-
-        path = world_dir() / files[split]
-        if not path.is_file():
-            from align.zoo.build import ZooSpec, ensure_world
-
-            ensure_world(ZooSpec())
-        return read_prompt_file(path)
-    if source.startswith("hf:"):  # hf:NAME[:SPLIT[:FIELD]], a Hugging Face dataset with a text column
-        name, split, column = (source[3:].split(":") + ["train", "prompt"])[:3]
-        from datasets import load_dataset
-
-        try:
-            rows = load_dataset(name, split=split)
-        except Exception as error:  # hub errors come in many types; one line is what the user needs
-            raise AlignError(f"cannot load the prompts dataset '{name}' (split {split}): "
-                             f"{str(error).splitlines()[0]}") from None
-        if column not in rows.column_names:
-            raise AlignError(f"the dataset '{name}' has no column '{column}'; its columns: {', '.join(rows.column_names)}")
-        return [{"id": f"{name}-{i}", "prompt": text, "category": "all"} for i, text in enumerate(rows[column])
-                if isinstance(text, str) and text.strip()]
-    return read_prompt_file(source)

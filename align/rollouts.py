@@ -30,9 +30,9 @@ from align.config import Recipe, load_recipe
 from align.errors import AlignError, run_cli
 from align.files import discard_partial, write_text
 from align.locks import exclusive
-from align.prompts import encode_prompt, load_prompts
+from align.prompts import encode_prompt
 from align.verifier import plain_generation, sampling_config
-from align.zoo import cache_dir, resolve
+from align.zoo import cache_dir, load_prompts, resolve
 
 CHUNKS, DATASET, META = "chunks", "dataset", "meta.json"
 

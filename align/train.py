@@ -118,6 +118,8 @@ def main(argv: list[str]) -> int:
     mask_id = d.mask_token_id if d.mask_token_id is not None else drafter_tokenizer.mask_token_id
     if FAMILIES[d.family].masked and mask_id is None:
         raise AlignError(f"the {d.family} drafter needs a mask token: its tokenizer has none; set drafter.mask_token_id")
+    if d.freeze_embeddings:
+        freeze_embeddings(model)
     if recipe.lora.r:
         torch.manual_seed(recipe.run.seed)
         lora = recipe.lora
@@ -291,6 +293,13 @@ def fit_micro_batch(recipe: Recipe, world: int, lead: bool) -> Recipe:
         recipe = dataclasses.replace(recipe, train=dataclasses.replace(t, micro_batch_size=micro))
     deepspeed_config(recipe, world)  # raises the one-line error for a batch that does not divide
     return recipe
+
+
+def freeze_embeddings(model) -> None:
+    """No gradient for the token embeddings and the output head (tied or not)."""
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        if module is not None:
+            module.weight.requires_grad_(False)
 
 
 def within_vocab(rows: list[dict], vocab: int) -> tuple[list[dict], int]:

@@ -4,13 +4,15 @@
     python bench/objectives.py --recipe recipes/tiny-mdlm.yaml --regimes greedy --objectives ce,streak_ce
     python bench/objectives.py --objectives ce,margin+ce --lrs 1e-3,2e-3 --seeds 0 --steps 100   # a quick look
     python bench/objectives.py --regimes greedy --objectives ce,ce-T2,ce-T4 --lrs 2e-3 --decode-steps 1,2,4
+    python bench/objectives.py --recipe recipes/smollm2-dream.yaml --objectives ce,streak_ce,streak,first_failure,tv \
+        --lrs 5e-5,1e-4,2e-4 --steps 120 --suite specbench --per-category 1 --max-new-tokens 48 --limit 0   # real pair
 
 Protocol. Every run trains the recipe for ``--steps`` optimizer steps on the same windows in the same order (only
 the objective's keys, ``train.lr`` and ``run.seed`` change). Learning rate: seed 0 is trained at every rate in
 ``--lrs``; the rate with the best held-out training-window metric (the greedy streak in the greedy regime, E[streak]
 in the sampled one; held-out windows come from training prompts, not the evaluation suite) is kept, and seeds 1..
 are trained at that rate. Each kept run is then decoded by ``eval.acceptance`` on the first ``--limit`` held-out
-prompts of the tiny world (γ 16, T 1, 160 new tokens). Regime ``greedy``: greedy rollouts, greedy verification;
+prompts of the tiny world (γ 16, T 1, 160 new tokens), or of ``--suite`` (``--per-category``, ``--max-new-tokens``). Regime ``greedy``: greedy rollouts, greedy verification;
 ``sampled``: rollouts at temperature 1, sampling verification at temperature 1.
 
 Results accumulate in ``<out>/results.json`` (a rerun skips what is there) and the Markdown table is printed:
@@ -32,7 +34,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 REGIMES = {"greedy": {"rollouts": ["data.temperature=0.0"], "verify": "0", "select": "greedy_streak"},
-           "sampled": {"rollouts": ["data.temperature=1.0"], "verify": "1", "select": "expected_streak"}}
+           "sampled": {"rollouts": ["data.temperature=1.0"], "verify": "1", "select": "expected_streak"},
+           # the recipe's greedy rollouts, every kept run decoded under greedy and under sampling verification
+           "both": {"rollouts": ["data.temperature=0.0"], "verify": "0,1", "select": "greedy_streak"}}
 # name -> recipe overrides; `X+ce` mixes cross-entropy in at weight 1, `ce-then-X` trains ce for half the steps, then X
 VARIANTS = {
     "ce": ["distill.objective=ce"],
@@ -78,16 +82,23 @@ def train(recipe: str, folder: Path, regime: str, variant: str, lr: float, seed:
             "s_per_step": statistics.median(per_step) if per_step else None}
 
 
+SUITE = {"suite": "tinyworld", "max_new_tokens": 160, "per_category": None}  # what decode() evaluates on (flags)
+
+
 def decode(ckpt: str, regime: str, seed: int, out: Path, limit: int, extra: list[str], steps: str = "1") -> dict:
     if not (out / "acceptance.json").is_file():
-        run([sys.executable, "-m", "eval.acceptance", "--ckpt", ckpt, "--suite", "tinyworld", "--gamma", "16",
-             "--max-new-tokens", "160", "--temperature", REGIMES[regime]["verify"], "--seed", str(seed),
+        per_category = ["--per-category", str(SUITE["per_category"])] if SUITE["per_category"] else []
+        run([sys.executable, "-m", "eval.acceptance", "--ckpt", ckpt, "--suite", SUITE["suite"], *per_category,
+             "--gamma", "16", "--max-new-tokens", str(SUITE["max_new_tokens"]), "--temperature",
+             REGIMES[regime]["verify"], "--seed", str(seed),
              "--steps", steps, "--baseline", "none", "--out", str(out), *(["--limit", str(limit)] if limit else []),
              *extra])
     results = json.loads((out / "acceptance.json").read_text())["results"]
     r = results[0]
     alpha = r["per_position"]
+    sampled = next((x for x in results if x["temperature"] > 0 and x["steps"] == 1), None)
     return {"accepted_mean": r["accepted_mean"], "tau": r["tau"],
+            "accepted_sampled": sampled["accepted_mean"] if sampled else None,
             "alpha": {str(j): alpha[j - 1] if len(alpha) >= j else None for j in POSITIONS},  # JSON's keys
             "per_category": r["per_category"],
             "accepted_by_steps": {str(x["steps"]): x["accepted_mean"] for x in results}}
@@ -105,9 +116,13 @@ def main() -> None:
     p.add_argument("--extra", default="", help="more overrides for every run, space separated")
     p.add_argument("--out", default=None, help="default runs/bench/objectives-<recipe name>")
     p.add_argument("--limit", type=int, default=96, help="held-out prompts per evaluation (0: all)")
+    p.add_argument("--suite", default="tinyworld", help="the eval.acceptance suite the kept runs are decoded on")
+    p.add_argument("--per-category", type=int, default=None, help="the first N prompts of each category of it")
+    p.add_argument("--max-new-tokens", type=int, default=160)
     p.add_argument("--decode-steps", default="1", help="denoising steps T at decoding (comma list; other than 1: "
                    "each kept run is decoded at every T into eval-T<list>, and a table of accepted per T is printed)")
     args = p.parse_args()
+    SUITE.update(suite=args.suite, max_new_tokens=args.max_new_tokens, per_category=args.per_category)
     name = Path(args.recipe).stem
     out = ROOT / (args.out or f"runs/bench/objectives-{name}")
     out.mkdir(parents=True, exist_ok=True)
@@ -169,9 +184,9 @@ def _mean_sd(values: list[float]) -> str:
 def table(results: dict, recipe: str, steps: int) -> str:
     lines = [f"{recipe}, {steps} steps per run; mean ± sd over seeds at each objective's best learning rate",
              "",
-             "| regime | objective | lr (swept) | accepted_mean | seeds | held-out E[streak] | held-out greedy streak | "
-             + " | ".join(f"α_{j}" for j in POSITIONS) + " | s / step |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(POSITIONS) + "---|"]
+             "| regime | objective | lr (swept) | accepted_mean | accepted_mean, sampling verification (T 1) | seeds | "
+             "held-out E[streak] | held-out greedy streak | " + " | ".join(f"α_{j}" for j in POSITIONS) + " | s / step |",
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(POSITIONS) + "---|"]
     for key, entry in results.items():
         regime, variant = key.split("/", 1)
         runs = [r for r in entry["seeds"].values() if r.get("lr") == entry.get("lr")]
@@ -179,7 +194,8 @@ def table(results: dict, recipe: str, steps: int) -> str:
             continue
         swept = ", ".join(f"{float(lr):g}{'*' if float(lr) == entry['lr'] else ''}" for lr in entry["sweep"])
         alphas = [_mean_sd([r["alpha"][str(j)] for r in runs]) for j in POSITIONS]
-        lines.append(f"| {regime} | {variant} | {swept} | {_mean_sd([r['accepted_mean'] for r in runs])} | {len(runs)} | "
+        lines.append(f"| {regime} | {variant} | {swept} | {_mean_sd([r['accepted_mean'] for r in runs])} | "
+                     f"{_mean_sd([r.get('accepted_sampled') for r in runs])} | {len(runs)} | "
                      f"{_mean_sd([r['expected_streak'] for r in runs])} | {_mean_sd([r['greedy_streak'] for r in runs])} | "
                      + " | ".join(alphas) + f" | {_mean_sd([r['s_per_step'] for r in runs])} |")
     return "\n".join(lines)

@@ -75,6 +75,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--candidates", type=comma_list(str), default=None, help="iid, swap (default: recipe's)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    p.add_argument("--per-category", type=int, default=None,
+                   help="use the first N prompts of each category (before --limit)")
     p.add_argument("--seed", type=comma_list(int), default=[0], help="seeds; several give mean ± std")
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval)")
     p.add_argument("--save-outputs", action="store_true", help="write outputs.jsonl with every output's token ids")
@@ -96,6 +98,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    if args.per_category is not None and args.per_category < 1:
+        raise AlignError(f"--per-category must be at least 1, got {args.per_category}")
     for name in ("gamma", "steps", "k"):
         bad = [v for v in getattr(args, name) if v < 1]
         if bad:
@@ -149,7 +153,7 @@ def main(argv: list[str]) -> int:
     ckpt, baseline, verifier_path, family = resolve_models(args)
     suite = "prompts" if args.prompts else (args.suite or "tinyworld")
     prompts = read_prompt_file(args.prompts) if args.prompts else load_suite(suite)
-    prompts = prompts[: args.limit]
+    prompts = first_per_category(prompts, args.per_category)[: args.limit]
     out = Path(args.out or Path(ckpt) / "eval")
     if args.engine == "vllm":
         return through_vllm(args, ckpt, baseline, verifier_path, family, prompts, suite, out)
@@ -283,6 +287,20 @@ def through_vllm(args: argparse.Namespace, ckpt: str, baseline: str | None, veri
     print(engine_table(document))
     print(f"\nreport: {out / 'report.md'}")
     return 0
+
+
+def first_per_category(prompts: list[dict], n: int | None) -> list[dict]:
+    """The first ``n`` prompts of each category, in file order (None: all)."""
+    if n is None:
+        return prompts
+    taken: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        category = p.get("category", "all")
+        if taken.get(category, 0) < n:
+            taken[category] = taken.get(category, 0) + 1
+            out.append(p)
+    return out
 
 
 def settings(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -60,6 +60,7 @@ RECIPE_OVERRIDES = {  # (overrides on top of a good recipe, words)
     "first-token-from-mdlm": (["drafter.family=mdlm", "distill.next_token_weight=0", "distill.first_token=encoder"],
                               "distill.first_token"),
     "unknown-first-token": (["distill.first_token=decoder"], "distill.first_token"),
+    "first-token-untrained": (["distill.next_token_weight=0"], "nothing would train that prediction"),
     "offload-without-zero3": (["deepspeed.offload_params=true"], "zero_stage"),
     "bad-override-syntax": (["train.max_steps"], "bad override"),
     "unknown-override-key": (["train.speed=3"], "unknown recipe key 'train.speed'"),

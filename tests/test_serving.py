@@ -26,7 +26,8 @@ def aligned(model_dirs, vllm_verifier, world_prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("serving") / "run"
     assert run_main(overrides(model_dirs, world_prompts, out, **{"verifier.path": vllm_verifier,
                                                                  "train.max_steps": 10, "distill.canvas_seed": 0,
-                                                                 "distill.first_token": "encoder"})) == 0
+                                                                 "distill.first_token": "encoder",
+                                                                 "distill.next_token_weight": 1.0})) == 0
     return out / "final"
 
 

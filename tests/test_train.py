@@ -190,7 +190,8 @@ def test_how_the_drafter_drafts_travels_with_the_export(model_dirs, world_prompt
 
     out = tmp_path / "run"
     assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1, "distill.canvas_seed": 5,
-                                                                 "distill.first_token": "encoder"})) == 0
+                                                                 "distill.first_token": "encoder",
+                                                                 "distill.next_token_weight": 1.0})) == 0
     meta = json.loads((out / "final" / "meta.json").read_text())
     assert (meta["canvas_seed"], meta["first_token"]) == (5, "encoder")
     drafter, _, _ = load_pair(str(out / "final"), str(model_dirs["verifier"]), "diffusiongemma")
@@ -198,7 +199,8 @@ def test_how_the_drafter_drafts_travels_with_the_export(model_dirs, world_prompt
     assert drafting_of(model_dirs["diffusiongemma"]) == {"canvas_seed": None, "first_token": "canvas"}
     canvas = tmp_path / "canvas"
     assert run_main(overrides(model_dirs, world_prompts, canvas, **{"train.max_steps": 1, "distill.canvas_seed": 5,
-                                                                    "distill.first_token": "canvas"})) == 0
+                                                                    "distill.first_token": "canvas",
+                                                                    "distill.next_token_weight": 1.0})) == 0
     before = [json.loads((run / "final" / "meta.json").read_text())["heldout"]["before"] for run in (out, canvas)]
     assert before[0]["q_per_position"][1:] == before[1]["q_per_position"][1:]  # the same model: rows 2.. agree
     assert before[0]["expected_streak"] != before[1]["expected_streak"]  # the first row is another one

@@ -80,7 +80,7 @@ def test_zoo_names_resolve_build_on_demand_or_fail(mini_cache, monkeypatch, caps
     from align.zoo import resolve
     from align.zoo.build import ZooSpec
 
-    with pytest.raises(AlignError, match="unknown zoo model 'tiny-gpt'; the tiny zoo has: tiny-verifier"):
+    with pytest.raises(AlignError, match="unknown zoo model 'tiny-gpt'; the zoo has: tiny-verifier"):
         resolve("zoo:tiny-gpt")
     assert resolve("/some/local/folder") == "/some/local/folder"
     real = build_module.build
@@ -98,10 +98,11 @@ def test_zoo_cli_lists_and_refuses_unknown_names(mini_cache):
     result = subprocess.run([sys.executable, "-m", "align.zoo", "build", "tiny-nope"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2 and result.stderr.strip() == (
-        "error: unknown zoo model 'tiny-nope'; the tiny zoo has: tiny-verifier, tiny-diffusiongemma, tiny-mdlm, "
-        "replica-gemma4-verifier, replica-diffusiongemma, replica-qwen2.5-verifier, replica-diffucoder")
+        "error: unknown zoo model 'tiny-nope'; the zoo has: tiny-verifier, tiny-diffusiongemma, tiny-mdlm, "
+        "smollm2-135m-instruct, gemma3-270m, smollm2-prompts, smollm2-dream, gemma3-diffusiongemma, replica-gemma4-verifier, "
+        "replica-diffusiongemma, replica-qwen2.5-verifier, replica-diffucoder")
     listing = subprocess.run([sys.executable, "-m", "align.zoo", "list"], capture_output=True, text=True, timeout=120)
-    assert listing.returncode == 0 and listing.stdout.count("not built") == 7
+    assert listing.returncode == 0 and listing.stdout.count("not built") == 12
 
 
 def test_a_model_transformers_would_not_write_is_an_error_not_an_empty_folder(tmp_path, monkeypatch, tokenizer_dir):

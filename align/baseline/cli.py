@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-import align.baseline as package
 from align.baseline.measure import measure
 from align.baseline.train import train
 from align.errors import AlignError
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m align.baseline", description=package.__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m align.baseline", description="The same-size autoregressive drafter: train it on a run's rollouts, or measure it.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a same-size AR drafter on a run's rollouts")
     t.add_argument("--run", required=True, help="an align/train.py run folder (holds recipe.yaml), e.g. runs/tiny")

@@ -27,7 +27,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
                                shared_vocab_size)
     from align.drafter import Drafter
     from align.metrics import DecodeStats, now
-    from align.prompts import encode_prompt, load_prompts
+    from align.prompts import encode_prompt
+    from align.zoo import load_prompts
     from align.speculative import SpeculativeDecoder
     from align.verifier import Verifier, ar_generate, eos_ids
     from align.zoo import resolve

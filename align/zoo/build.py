@@ -20,10 +20,11 @@ from transformers import AutoTokenizer, GenerationConfig
 from align.errors import AlignError
 from align.files import atomic_folder, discard_partial
 from align.locks import exclusive
+from align.machine import usable_cores
 from align.prompts import encode_prompt
 from align.tinyworld.corpus import read_jsonl, write_world
 from align.tinyworld.tokenizer import train_tokenizer
-from align.zoo import DEFAULT_BUILD, MODELS, cache_dir, is_built, model_dir, world_dir
+from align.zoo.registry import DEFAULT_BUILD, MODELS, REAL, cache_dir, is_built, model_dir, packages_dir, world_dir
 from align.zoo.models import BOS, EOS, PAD, diffusiongemma_model, mdlm_model, verifier_model
 from align.zoo.replicas import REPLICAS, build_replica
 from align.zoo.pretrain import Doc, pretrain_drafter, pretrain_verifier
@@ -45,6 +46,15 @@ class ZooSpec:
         "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 200, "offsets": 2, "sliding": 2,
                                 "next_token": 1.0},
         "tiny-mdlm": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1800},
+    })
+    # drafters made from the real verifiers (align/zoo/derive.py), adapted on English text (align/zoo/adapt.py):
+    # the verifier's first `layers` layers; `steps` batches of `batch_size` pieces of `seq` tokens
+    real: dict = field(default_factory=lambda: {
+        "smollm2-prompts": {"model": "smollm2-135m-instruct", "count": 480, "seed": 0},
+        "smollm2-dream": {"verifier": "smollm2-135m-instruct", "family": "dream", "layers": 6, "steps": 100,
+                          "batch_size": 16, "seq": 128, "lr": 2e-4},
+        "gemma3-diffusiongemma": {"verifier": "gemma3-270m", "family": "diffusiongemma", "layers": 6, "steps": 80,
+                                  "batch_size": 4, "seq": 96, "lr": 2e-4, "offsets": 2, "next_token": 1.0},
     })
 
 
@@ -89,8 +99,6 @@ def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bo
     with exclusive(cache_dir(), "zoo", "the tiny zoo"):
         threads = torch.get_num_threads()
         # under a launcher each local process got its share of the cores; the others wait on the lock, so take theirs
-        from align.loading import usable_cores
-
         torch.set_num_threads(max(threads, min(usable_cores(), threads * int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
         try:
             return _build(names, spec, force)
@@ -101,11 +109,20 @@ def build(names: list[str] | None = None, spec: ZooSpec | None = None, force: bo
 def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[str]:
     spec = spec or ZooSpec()
     names = [n for n in MODELS if n in (names or DEFAULT_BUILD)]
+    for name in names:  # before anything is built: every package the real models need is there
+        if name in REAL:
+            from align.zoo.real import REAL_VERIFIERS, check_installed
+
+            if (force or not is_built(name)) and name in REAL_VERIFIERS:
+                check_installed(name)
+    built = [name for name in names if name in REAL and _build_real(name, spec, force)]
+    names = [n for n in names if n not in REAL]
+    if not names:
+        return built
     ensure_world(spec)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir()))
     vocab = len(tokenizer)
     docs = None
-    built = []
     for name in names:
         if is_built(name) and not force:
             changed = _stale(name, spec)
@@ -144,6 +161,81 @@ def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[s
     return built
 
 
+def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
+    """Build real model ``name`` (a converted verifier, or a drafter made from one and adapted) unless it is built
+    with ``spec``'s settings already; returns whether it was built."""
+    if is_built(name) and not force:
+        changed = _stale(name, spec)
+        if changed is None:
+            return False
+        print(f"zoo:{name} was built with other settings ({changed}): rebuilding it", flush=True)
+    start = time.time()
+    from align.zoo.real import REAL_VERIFIERS, convert
+
+    if name in REAL_VERIFIERS:
+        with atomic_folder(model_dir(name), f"zoo:{name}") as partial:
+            meta = convert(name, partial)
+            meta.update(name=name, description=MODELS[name], seconds=round(time.time() - start, 1))
+            (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
+        print(f"saved zoo:{name} ({meta['parameters'] / 1e6:.1f}M parameters, {meta['seconds']:.0f} s) into "
+              f"{model_dir(name)}", flush=True)
+        return True
+    from transformers import AutoModelForCausalLM
+
+    r = spec.real[name]
+    if name == "smollm2-prompts":
+        from align.zoo.magpie import OVERLAP, magpie_prompts
+
+        if not is_built(r["model"]):
+            _build_real(r["model"], spec, False)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir(r["model"])), dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir(r["model"])))
+        rows, dropped = magpie_prompts(model, tokenizer, r["count"], r["seed"])
+        with atomic_folder(model_dir(name), f"zoo:{name}") as partial:
+            (partial / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+            meta = {"name": name, "description": MODELS[name], "spec": {"real": {name: r}}, "prompts": len(rows),
+                    "dropped": dropped, "overlap_words": OVERLAP, "seconds": round(time.time() - start, 1)}
+            (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
+        print(f"saved zoo:{name}: {len(rows)} prompts (dropped: {dropped}) into {model_dir(name)}", flush=True)
+        return True
+    from align.zoo.adapt import adapt, text_docs
+    from align.zoo.derive import diffusiongemma_from_gemma3, dream_from_llama
+    from align.zoo.text import build_text, read_text
+
+    source = model_dir(r["verifier"])
+    if not is_built(r["verifier"]):
+        _build_real(r["verifier"], spec, False)
+    text = cache_dir() / "text"
+    if not (text / "english.jsonl").is_file():
+        print(f"extracting English text for adaptation from the packages in {packages_dir()}", flush=True)
+        summary = build_text(packages_dir(), text)
+        print(f"{summary['documents']} documents, {summary['words']} words into {text}", flush=True)
+    verifier = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    if r["family"] == "dream":
+        model, tokenizer = dream_from_llama(verifier, tokenizer, r["layers"])
+    else:
+        model = diffusiongemma_from_gemma3(verifier, r["layers"])
+    vocab = verifier.config.vocab_size  # what the drafter learns to propose: the verifier's tokens
+    del verifier
+    docs = text_docs([d["text"] for d in read_text(text)], tokenizer, r["seq"],
+                     limit=r["steps"] * r["batch_size"] * 2)
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):  # the verifier's, kept
+        module.weight.requires_grad_(False)
+    checkpoint = model_dir(name).with_name(f"{name}.adapt.pt")
+    torch.manual_seed(spec.seed)
+    losses = adapt(model, r["family"], docs, r["steps"], r["batch_size"], r["lr"], vocab, tokenizer.mask_token_id,
+                   checkpoint, spec.seed, r.get("offsets", 4), r.get("next_token", 0.0), desc=f"adapt {name}")
+    _save(name, model, tokenizer, {
+        "name": name, "description": MODELS[name], "spec": {"real": {name: r}, "seed": spec.seed},
+        "verifier": f"zoo:{r['verifier']}", "layers": r["layers"], "documents": len(docs),
+        "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.time() - start, 1),
+        "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
+    }, [Path(__file__).parents[1] / "models" / "dream.py"] if r["family"] == "dream" else [])
+    checkpoint.unlink(missing_ok=True)
+    return True
+
+
 def drafter_model(name: str, spec: ZooSpec, vocab: int) -> torch.nn.Module:
     """The zoo drafter ``name`` as ``spec`` shapes it, with random weights (before pretraining)."""
     d = spec.drafters[name]
@@ -156,6 +248,11 @@ def drafter_model(name: str, spec: ZooSpec, vocab: int) -> torch.nn.Module:
 def _stale(name: str, spec: ZooSpec) -> str | None:
     """What differs between the settings zoo:NAME was built with and ``spec`` (None: nothing that shapes it)."""
     meta = json.loads((model_dir(name) / "zoo.json").read_text())
+    if name in REAL:
+        if name not in spec.real:  # a converted verifier: its source is pinned
+            return None
+        before, after = meta.get("spec", {}).get("real", {}).get(name), spec.real[name]
+        return None if before == after else f"{before} -> {after}"
     if name in REPLICAS:
         return None if meta.get("scale") == spec.replica_scale else f"scale {meta.get('scale')} -> {spec.replica_scale}"
     old, new = meta.get("spec", {}), dataclasses.asdict(spec)

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from align.loading import load_pair, load_verifier_model
 from align.prompts import encode_prompt
 from align.tinyworld.corpus import entropy_table, read_jsonl
-from align.zoo import is_built, model_dir, world_dir
+from align.zoo.registry import is_built, model_dir, world_dir
 
 
 @torch.no_grad()

@@ -1,0 +1,105 @@
+"""``make real``: the two real pairs from nothing to a report, every stage through the project's own commands.
+
+    make real                                  # install, then this script (what a user runs)
+    python bench/real.py [--pairs smollm2,gemma3] [--eval-only]
+
+Stages, each timed (``runs/real/stages.json``):
+
+1. the zoo: both verifiers converted from their packages' GGUF files, SmolLM2's Magpie prompts, both drafters made
+   from their verifier's first layers and adapted on English text (``python -m align.zoo build``);
+2. per pair: rollouts (``python -m align.rollouts``) and alignment (``align/train.py``), from the pair's recipe;
+3. per pair: ``eval.acceptance`` of the adapted (unaligned) and the aligned drafter against the verifier, on the
+   probe's eight prompts and on Spec-Bench's questions (the first ``--per-category`` of each category, first turns):
+   greedy and sampled (temperature 1), γ 8 and 16, self-selection K 1 and 4 (greedy: the verifier scorer; sampled:
+   recursive rejection over the K drafts), T 1;
+4. per pair: greedy losslessness in bfloat16 (exact / near-tie / mismatch), and sampling losslessness at a small
+   scale: the first two generated tokens of speculative sampling against the verifier's exact distribution;
+5. ``runs/real/report.md``: the tables (``eval/report.py``) of every evaluation, the probe beside the seed's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+OUT = ROOT / "runs" / "real"
+PAIRS = {  # pair -> (recipe, verifier, adapted drafter)
+    "smollm2": ("recipes/smollm2-dream.yaml", "zoo:smollm2-135m-instruct", "zoo:smollm2-dream"),
+    "gemma3": ("recipes/gemma3-diffusiongemma.yaml", "zoo:gemma3-270m", "zoo:gemma3-diffusiongemma"),
+}
+ZOO = {"smollm2": ["smollm2-135m-instruct", "smollm2-prompts", "smollm2-dream"],
+       "gemma3": ["smollm2-135m-instruct", "smollm2-prompts", "gemma3-270m", "gemma3-diffusiongemma"]}
+
+
+def run(stage: str, command: list[str], times: dict) -> None:
+    """Run one stage's command (stdout and stderr pass through), time it, stop on failure."""
+    print(f"\n=== {stage}: {' '.join(command)}", flush=True)
+    start = time.time()
+    done = subprocess.run(command, cwd=ROOT)
+    times[stage] = round(time.time() - start, 1)
+    (OUT / "stages.json").write_text(json.dumps(times, indent=1))
+    if done.returncode:
+        raise SystemExit(f"stage {stage} failed (exit status {done.returncode}); rerun make real: it resumes")
+
+
+def evaluate(pair: str, suite: str, per_category: int | None, tokens: int, times: dict) -> None:
+    recipe, *_ = PAIRS[pair]
+    extra = ["--per-category", str(per_category)] if per_category else []
+    run(f"eval {pair} {suite}",
+        [sys.executable, "-m", "eval.acceptance", "--ckpt", f"runs/{Path(recipe).stem}/final", "--suite", suite,
+         *extra, "--gamma", "16,8", "--k", "1,4", "--temperature", "0,1", "--max-new-tokens", str(tokens),
+         "--out", str(OUT / "eval" / f"{pair}-{suite}")], times)
+
+
+def lossless_bf16(pair: str, tokens: int, times: dict) -> None:
+    recipe, *_ = PAIRS[pair]
+    run(f"lossless bf16 {pair}",
+        [sys.executable, "-m", "eval.acceptance", "--ckpt", f"runs/{Path(recipe).stem}/final", "--suite", "probe8",
+         "--gamma", "16", "--k", "1", "--temperature", "0", "--dtype", "bfloat16", "--baseline", "none",
+         "--max-new-tokens", str(tokens), "--out", str(OUT / "eval" / f"{pair}-bf16")], times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", default="smollm2,gemma3", help="comma list of: " + ", ".join(PAIRS))
+    p.add_argument("--per-category", type=int, default=1, help="Spec-Bench questions per category (13 categories)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--samples", type=int, default=400, help="speculative samples of the sampling check")
+    p.add_argument("--eval-only", action="store_true", help="skip the zoo and training stages (already done)")
+    args = p.parse_args()
+    pairs = [x for x in args.pairs.split(",") if x]
+    unknown = [x for x in pairs if x not in PAIRS]
+    if unknown:
+        raise SystemExit(f"unknown pair '{unknown[0]}'; choose from {', '.join(PAIRS)}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    times = json.loads((OUT / "stages.json").read_text()) if (OUT / "stages.json").is_file() else {}
+    if not args.eval_only:
+        names = list(dict.fromkeys(n for pair in pairs for n in ZOO[pair]))
+        for name in names:
+            run(f"zoo {name}", [sys.executable, "-m", "align.zoo", "build", name], times)
+        for pair in pairs:
+            recipe = PAIRS[pair][0]
+            run(f"rollouts {pair}", [sys.executable, "-m", "align.rollouts", recipe], times)
+            run(f"align {pair}", [sys.executable, "align/train.py", recipe], times)
+    for pair in pairs:
+        evaluate(pair, "probe8", None, args.max_new_tokens, times)
+        evaluate(pair, "specbench", args.per_category, args.max_new_tokens, times)
+        lossless_bf16(pair, args.max_new_tokens, times)
+        run(f"sampling check {pair}", [sys.executable, "bench/sampling_check.py", "--ckpt",
+                                       f"runs/{Path(PAIRS[pair][0]).stem}/final", "--samples", str(args.samples),
+                                       "--out", str(OUT / f"{pair}-sampling.json")], times)
+    from bench.real_report import write_real_report
+
+    path = write_real_report(OUT, pairs, times)
+    print(f"\nreport: {path}")
+
+
+if __name__ == "__main__":
+    main()
