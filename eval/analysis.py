@@ -36,11 +36,14 @@ def summarize(records: list[PromptRecord], gamma: int) -> dict[str, Any]:
         total = total + r.stats
     out = total.summary(gamma)
     out["n_prompts"] = len(records)
+    out["acceptance_length"] = 1.0 + out["accepted_mean"]  # vLLM's / SGLang's mean acceptance length (docs/metrics.md)
     out["expected_tau"] = expected_tau(out["per_position"])
     by_category: dict[str, list[Block]] = defaultdict(list)
     for r in records:
         by_category[r.category] += r.stats.blocks
-    out["per_category"] = {c: _mean([b.accepted for b in bs]) for c, bs in sorted(by_category.items())}
+    # the same pooling as accepted_mean: over the blocks that offered a draft (γ > 0); a block with room for one token
+    # only (γ 0 at the length limit) accepts nothing because nothing was drafted
+    out["per_category"] = {c: _mean([b.accepted for b in bs if b.gamma > 0]) for c, bs in sorted(by_category.items())}
     out["rejected_in_top5"] = {c: _mean([b.rejected_rank < 5 for b in bs if b.rejected_rank is not None])
                                for c, bs in sorted(by_category.items())}
     out["verifier_entropy"] = {c: _weighted([(b.entropy, b.produced) for b in bs])
@@ -49,7 +52,7 @@ def summarize(records: list[PromptRecord], gamma: int) -> dict[str, Any]:
     out["entropy_acceptance_spearman"] = spearman([out["verifier_entropy"][c] for c in cats],
                                                   [out["per_category"][c] for c in cats])
     out["per_prompt"] = [{"id": r.id, "category": r.category, "blocks": len(r.stats.blocks),
-                          "accepted_mean": _mean([b.accepted for b in r.stats.blocks]),
+                          "accepted_mean": _mean([b.accepted for b in r.stats.blocks if b.gamma > 0]),
                           "first_block": [r.stats.blocks[0].accepted, r.stats.blocks[0].gamma] if r.stats.blocks else None}
                          for r in records]
     return out

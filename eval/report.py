@@ -36,16 +36,17 @@ def _pm(r: dict[str, Any], key: str, fmt: str = "{:.2f}") -> str:
 
 def summary_table(results: list[dict[str, Any]]) -> str:
     """One row per drafter and setting: accepted_mean and τ (never confused), speed and losslessness."""
-    lines = ["| setting | drafter | accepted_mean | τ | acceptance rate | expected τ (from α) | tokens/s | "
-             "verifier alone tokens/s (cached loop) | speedup | HF generate tokens/s | speedup vs generate | "
-             "lossless |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| setting | drafter | accepted_mean | τ (tokens per verifier call) | 1 + accepted_mean (vLLM's mean "
+             "acceptance length) | acceptance rate | expected τ (from α) | tokens/s | verifier alone tokens/s (cached "
+             "loop) | speedup | HF generate tokens/s | speedup vs generate | lossless |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (setting_name(r), r["label"] != "baseline")):
         lossless = {True: "yes", False: "NO", None: "n/a (sampling)"}[r["lossless"]]
         counts = r.get("lossless_counts")
         if counts and (counts["near_tie"] or counts["mismatch"]):  # bf16 and friends: say what kind of difference
             lossless += f" ({counts['exact']} exact, {counts['near_tie']} near-tie, {counts['mismatch']} mismatch)"
         lines.append(f"| {setting_name(r)} | {r['label']} | {_pm(r, 'accepted_mean')} | {_pm(r, 'tau')} | "
-                     f"{r['acceptance_rate']:.3f} | {r['expected_tau']:.2f} | {_pm(r, 'tokens_per_s', '{:.1f}')} | "
+                     f"{1 + r['accepted_mean']:.2f} | {r['acceptance_rate']:.3f} | {r['expected_tau']:.2f} | {_pm(r, 'tokens_per_s', '{:.1f}')} | "
                      f"{r['ar_tokens_per_s']:.1f} | {_pm(r, 'speedup')} | "
                      f"{_fmt(r.get('generate_tokens_per_s'), '{:.1f}')} | {_fmt(r.get('speedup_vs_generate'))} | "
                      f"{lossless} |")
@@ -266,16 +267,19 @@ def write_report(document: dict[str, Any], out: Path) -> list[Path]:
 
 def engine_table(document: dict[str, Any]) -> str:
     """engine × drafter × concurrency: accepted_mean, τ, tokens/s, speedup over the same engine alone, lossless."""
-    lines = ["| engine | drafter | concurrency | accepted_mean | τ | tokens/s | same engine without speculation "
-             "(tokens/s) | speedup | lossless |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| engine | drafter | concurrency | accepted_mean | 1 + accepted_mean (vLLM's mean acceptance length) | "
+             "τ (tokens per verifier call; vLLM does not count it) | tokens/s | same engine without speculation "
+             "(tokens/s) | speedup | lossless |", "|---|---|---|---|---|---|---|---|---|---|"]
     lossless = {True: "yes", False: "NO", None: "n/a (sampling)"}
     for r in document.get("results", []):
         if r["label"] in ("aligned", "baseline") and r["k"] == 1:
-            lines.append(f"| hf | {r['label']} ({setting_name(r)}) | 1 | {r['accepted_mean']:.2f} | {r['tau']:.2f} | "
+            lines.append(f"| hf | {r['label']} ({setting_name(r)}) | 1 | {r['accepted_mean']:.2f} | "
+                         f"{1 + r['accepted_mean']:.2f} | {r['tau']:.2f} | "
                          f"{r['tokens_per_s']:.1f} | {r['ar_tokens_per_s']:.1f} | {r['speedup']:.2f} | "
                          f"{lossless[r['lossless']]} |")
     for r in document.get("vllm", {}).get("results", []):
         lines.append(f"| {r['engine']} | {r['label']} (γ={r['gamma']} T={r['steps']} temp={r['temperature']:g}) | "
-                     f"{r['concurrency']} | {r['accepted_mean']:.2f} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['concurrency']} | {r['accepted_mean']:.2f} | {1 + r['accepted_mean']:.2f} | - | "
+                     f"{r['tokens_per_s']:.1f} | "
                      f"{r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f} | {lossless[r['lossless']]} |")
     return "\n".join(lines)

@@ -61,7 +61,7 @@ def measure(verifier: str, drafters: list[tuple[str, str]], prompts: list[list[i
                       "n_prompts": len(prompts), "drafts": spec["drafts"], "draft_tokens": spec["draft_tokens"],
                       "accepted_tokens": spec["accepted_tokens"], "accepted_per_pos": per_pos,
                       "accepted_mean": spec["accepted_tokens"] / drafts,
-                      "tau": 1.0 + spec["accepted_tokens"] / drafts,
+                      "acceptance_length": 1.0 + spec["accepted_tokens"] / drafts,  # vLLM's mean acceptance length
                       "per_position": [a / r if r else None for a, r in zip(per_pos, reached)],
                       "new_tokens": spec["new_tokens"], "tokens_per_s": spec["tokens_per_s"],
                       "plain_tokens_per_s": plain["tokens_per_s"],

@@ -43,7 +43,7 @@ def test_schema_sweep_report_and_lossless_outputs(exported, world_prompts, model
     assert {r["label"] for r in results} == {"aligned", "baseline"}
     for name in ("report.md", "per_position.png", "per_category.png", "gamma_sweep.png", "k_sweep.png"):
         assert (out / name).stat().st_size > 1000 or name == "report.md" and (out / name).stat().st_size > 200
-    assert "| setting | drafter | accepted_mean | τ |" in (out / "report.md").read_text()
+    assert "| setting | drafter | accepted_mean | τ (tokens per verifier call) |" in (out / "report.md").read_text()
 
     from align.loading import load_verifier_model
 
@@ -116,3 +116,33 @@ def test_cost_table_puts_a_block_in_verifier_alone_steps():
     # a step of the verifier alone is 4 ms: a 12 ms block costs 3 steps; τ / cost = 1.00; bound 3 × 4 / 7 = 1.71
     assert row.endswith("| aligned | 12.00 | 4.00 | 7.00 | 3.00 | 1.00 | 0.98 | 1.71 |"), row
     assert len(cost_table([{**r, "n_blocks": 0}]).splitlines()) == 2  # nothing decoded: no row
+
+
+def test_category_and_prompt_means_pool_the_blocks_that_offered_a_draft():
+    """A block with room for one token only (γ 0, at the length limit) drafted nothing: like the pooled
+    accepted_mean, the per-category and per-prompt means leave it out (they once averaged it in as a 0)."""
+    from align.metrics import Block, DecodeStats
+    from eval.analysis import PromptRecord, summarize
+
+    stats = DecodeStats(blocks=[Block(4, 3), Block(4, 1), Block(0, 0)], new_tokens=7)
+    summary = summarize([PromptRecord("p", "open", [1], [2] * 7, stats)], gamma=4)
+    assert summary["accepted_mean"] == 2.0
+    assert summary["per_category"]["open"] == 2.0
+    assert summary["per_prompt"][0]["accepted_mean"] == 2.0
+
+
+def test_tau_and_the_vllm_acceptance_length_are_reported_apart():
+    """τ counts tokens per verifier call (an EOS block gets no bonus token, γ-0 steps count); vLLM's mean acceptance
+    length is 1 + accepted/drafts. Both are in the results, each under its own name, and the tables label them."""
+    from align.metrics import Block, DecodeStats
+    from eval.analysis import PromptRecord, summarize
+    from eval.report import summary_table
+
+    stats = DecodeStats(blocks=[Block(4, 4, produced=4), Block(4, 2), Block(0, 0)], new_tokens=8, total_s=1.0)
+    r = summarize([PromptRecord("p", "open", [1], [2] * 8, stats)], gamma=4)
+    assert r["tau"] == 8 / 3 and r["acceptance_length"] == 1 + 3.0
+    r.update(label="aligned", gamma=4, steps=1, temperature=0.0, k=1, ar_tokens_per_s=1.0, speedup=1.0,
+             lossless=True, lossless_counts=None)
+    table = summary_table([r])
+    assert "τ (tokens per verifier call)" in table and "1 + accepted_mean (vLLM's mean acceptance length)" in table
+    assert "| 2.67 | 4.00 |" in table
