@@ -276,7 +276,8 @@ class Drafter:
     """
 
     def __init__(self, model: Any, family: str, vocab_size: int, mask_token_id: int | None = None,
-                 lean: bool | None = None, canvas_seed: int | None = None, first_token: str = "canvas"):
+                 lean: bool | None = None, canvas_seed: int | None = None, first_token: str = "canvas",
+                 context: int | None = None):
         if family not in FAMILIES:
             raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join(FAMILIES)}")
         if first_token not in FIRST_TOKEN:
@@ -292,6 +293,9 @@ class Drafter:
         self.canvas_seed = canvas_seed  # the fixed first canvas the drafter was trained with (None: a fresh draw)
         self._fixed: dict[tuple[int, str], torch.Tensor] = {}  # that canvas per (γ, device)
         self.first_token = first_token  # "encoder": the block's first row is the encoder's next-token distribution
+        # bidirectional families re-read the prefix every block: at most its last `context` tokens, as in training
+        # (the export's data.max_prefix_len); DiffusionGemma caches the whole prefix and reads it all
+        self.context = None if family == "diffusiongemma" else context
         # decoding through the model's parts (DiffusionGemmaPass) or, lean=False / ALIGN_LEAN=0, its own forward
         self.lean = lean_default() if lean is None else lean
         self.lean_pass = None
@@ -316,6 +320,8 @@ class Drafter:
         temperature); the returned rows are at temperature 1 (apply the draft temperature when sampling).
         """
         state = self.state if prefix.shape[0] == 1 else None
+        if self.context is not None:
+            prefix = prefix[:, -self.context:]
 
         def logits_of(canvas, self_conditioning, next_token):
             return self.family.canvas_logits(self.model, prefix, None, canvas, self_conditioning, state, next_token)
@@ -329,6 +335,8 @@ class Drafter:
         state (:meth:`new_state`; kept up to date as ``self.state`` is by :meth:`marginals`): one drafter pass per
         denoising step for the whole batch (DiffusionGemma through the lean pass: each row's new tokens and canvas;
         bidirectional families: the prefixes left-padded). Returns (B, γ, V)."""
+        if self.context is not None:
+            prefixes = [p[:, -self.context:] for p in prefixes]
 
         def logits_of(canvas, self_conditioning, next_token):
             return self.family.canvas_logits_many(self.model, prefixes, canvas, self_conditioning, states, next_token)

@@ -19,7 +19,7 @@ from align.drafter import FAMILIES, FIRST_TOKEN, Drafter
 from align.errors import AlignError
 from align.verifier import Verifier
 from align.machine import default_device, usable_cores  # noqa: F401 (imported from here by callers)
-from align.zoo import resolve
+from align.zoo import check_name, is_built, resolve
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -91,22 +91,28 @@ def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_rem
 
 def drafting_of(path: str) -> dict[str, Any]:
     """How an exported drafter drafts, as its training set it (its meta.json; defaults for a folder that is not an
-    export): ``canvas_seed``, the fixed canvas it was trained on (None: a fresh draw per block), and ``first_token``,
-    what drafts a block's first token. Keyword arguments of :class:`align.drafter.Drafter`."""
+    export): ``canvas_seed``, the fixed canvas it was trained on (None: a fresh draw per block), ``first_token``, what
+    drafts a block's first token, and ``context``, the prefix tokens a bidirectional drafter reads (its training's
+    ``data.max_prefix_len``; None: all). Keyword arguments of :class:`align.drafter.Drafter`."""
     meta = Path(resolve(str(path))) / "meta.json"
     try:
         found = json.loads(meta.read_text()) if meta.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError):
         found = {}
     found = found if isinstance(found, dict) else {}
-    seed, first = found.get("canvas_seed"), found.get("first_token")
+    seed, first, context = found.get("canvas_seed"), found.get("first_token"), found.get("context")
     return {"canvas_seed": seed if isinstance(seed, int) else None,
-            "first_token": first if first in FIRST_TOKEN else "canvas"}
+            "first_token": first if first in FIRST_TOKEN else "canvas",
+            "context": context if isinstance(context, int) and context > 0 else None}
 
 
 def check_model_folder(path: str, role: str) -> None:
     """Before anything loads: a local model folder has a config and weights whose headers read (a truncated or
-    half-copied ``*.safetensors`` is named here, not after an hour of other work). Hub names pass through."""
+    half-copied ``*.safetensors`` is named here, not after an hour of other work); a zoo name is in the zoo, and one
+    not built yet is left to build after every other check (``align.zoo.check_name``). Hub names pass through."""
+    name = check_name(path)
+    if name is not None and not is_built(name):
+        return  # a zoo model that is not built yet: built once every input has been checked
     folder = Path(resolve(path))
     if not folder.exists():
         if path.startswith(("/", ".", "~")) or Path(path).suffix:

@@ -32,7 +32,7 @@ from align.files import discard_partial, write_text
 from align.locks import exclusive
 from align.prompts import encode_prompt
 from align.verifier import plain_generation, sampling_config
-from align.zoo import cache_dir, load_prompts, resolve
+from align.zoo import cache_dir, check_prompts, load_prompts, resolve
 
 CHUNKS, DATASET, META = "chunks", "dataset", "meta.json"
 
@@ -276,6 +276,10 @@ def main(argv: list[str]) -> int:
     except (ValueError, AssertionError):
         raise AlignError(f"--shard must be I/N with 0 <= I < N, got {args.shard}") from None
     recipe = load_recipe(args.recipe, args.overrides)
+    from align.loading import check_model_folder
+
+    check_model_folder(recipe.verifier.path, "verifier")  # every input before anything is built or generated
+    check_prompts(recipe.data.prompts)
     dataset = generate_rollouts(recipe, shard, shards, device=args.device)
     if dataset is not None:
         lengths = [len(r) for r in dataset["response_ids"]]

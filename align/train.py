@@ -49,7 +49,7 @@ from align.loading import (check_model_folder, default_device, load_drafter_mode
 from align.metrics import expected_streak
 from align.rollouts import generate_rollouts, rollout_meta
 from align.drafter import FAMILIES
-from align.zoo import resolve
+from align.zoo import check_prompts, resolve
 
 # keys that may change between a run and its resumption; everything else must match
 # keys a rerun may change without changing the run (micro_batch_size: the same global batch, exactly accumulated)
@@ -79,8 +79,9 @@ def main(argv: list[str]) -> int:
 
     # ----------------------------------------------------------------------------------------- rollouts -> windows
     d = recipe.drafter
-    check_model_folder(d.path, "drafter")  # before rollouts cost verifier time
+    check_model_folder(d.path, "drafter")  # every input before anything is built, loaded or generated
     check_model_folder(recipe.verifier.path, "verifier")
+    check_prompts(recipe.data.prompts)
     drafter_tokenizer = load_tokenizer(resolve(d.path), "drafter", d.trust_remote_code)
     verifier_tokenizer = load_tokenizer(resolve(recipe.verifier.path), "verifier")
     vocab = shared_vocab_size(drafter_tokenizer, verifier_tokenizer, d.path, recipe.verifier.path)  # what decoding drafts

@@ -301,6 +301,18 @@ def test_a_lean_pass_that_differs_is_caught_on_its_first_call():
           plain.marginals(longer, 5, generator=torch.Generator().manual_seed(1)))
 
 
+def test_the_check_catches_a_difference_far_below_one_percent():
+    """The check's bound is what float32 rounding needs (1e-4 of the largest logit), not 1%: a lean pass whose head
+    is off by one part in a thousand, which a 1% bound let through, is caught."""
+    model = sliding_drafter(6)
+    drafter = Drafter(model, "diffusiongemma", V)
+    head = drafter.lean_pass._head
+    drafter.lean_pass._head = lambda h: head(h) * 1.001
+    with pytest.warns(RuntimeWarning, match="differs from the model's own forward"):
+        drafter.marginals(torch.randint(4, V, (1, 12)), 5)
+    assert not drafter.lean_pass.usable
+
+
 def test_a_correct_lean_pass_passes_its_check_silently():
     drafter = Drafter(sliding_drafter(7), "diffusiongemma", V)
     with warnings.catch_warnings():

@@ -58,7 +58,7 @@ def test_proposer_drafts_every_request_in_one_pass_keeps_prefix_state_and_respec
     assert [len(d) for d in first] == [4, 0]
     model, tokenizer = load_drafter_model(str(aligned), "diffusiongemma")
     drafting = drafting_of(str(aligned))
-    assert drafting == {"canvas_seed": 0, "first_token": "encoder"}  # as trained, served
+    assert drafting == {"canvas_seed": 0, "first_token": "encoder", "context": None}  # as trained, served
     assert (p.drafter.canvas_seed, p.drafter.first_token) == (0, "encoder")
     reference = Drafter(model, "diffusiongemma", p.drafter.vocab_size, tokenizer.mask_token_id, **drafting)
     torch.manual_seed(0)

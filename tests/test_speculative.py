@@ -239,3 +239,40 @@ def test_a_drafter_drafting_its_first_token_from_the_encoder_losslessly(lean):
                          tiny_verifier(seed), seed, 8, steps, "inside")
     with pytest.raises(AlignError, match="first_token"):
         Drafter(tiny_drafter("mdlm", 2), "mdlm", VOCAB, mask_token_id=3, first_token="encoder")
+
+
+def test_at_t_over_1_the_encoders_first_token_is_what_later_steps_condition_on():
+    """first_token "encoder", T > 1: when the confidence schedule commits the block's first position before the last
+    step, it commits the encoder's token (from the encoder's row, the row the draft reads), so every later step's
+    canvas holds the draft's own first token there; the first row is then one-hot at that token (as every committed
+    row is). Once it committed the canvas's own row-0 token, which the draft did not contain."""
+    from align.drafter import DiffusionGemmaFamily, lm_logits
+
+    model = tiny_drafter("diffusiongemma", 2)
+    fed: list[torch.Tensor] = []
+    original = DiffusionGemmaFamily.canvas_logits
+
+    def recording(self, model, prefix, prefix_mask, canvas, *args, **kwargs):
+        fed.append(canvas.clone())
+        return original(self, model, prefix, prefix_mask, canvas, *args, **kwargs)
+
+    committed_first = 0
+    for seed in range(12):
+        prefix = torch.randint(4, VOCAB, (1, 6), generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            encoded = model.model.encoder(input_ids=prefix, position_ids=torch.arange(6)[None])
+            encoder_token = int(lm_logits(model, encoded.last_hidden_state[:, -1])[0, :VOCAB].argmax())
+        drafter = Drafter(model, "diffusiongemma", VOCAB, canvas_seed=seed, first_token="encoder")
+        fed.clear()
+        DiffusionGemmaFamily.canvas_logits = recording
+        try:
+            logq = drafter.marginals(prefix, 4, steps=4, generator=torch.Generator().manual_seed(seed))
+        finally:
+            DiffusionGemmaFamily.canvas_logits = original
+        first_row = logq[0, 0]
+        if torch.isinf(first_row).sum() == first_row.numel() - 1:  # one-hot: committed before the last step
+            committed_first += 1
+            assert int(first_row.argmax()) == encoder_token
+            later = [c[0, 0].item() for c in fed[1:]]
+            assert later and later[-1] == encoder_token, (later, encoder_token)
+    assert committed_first >= 2  # the schedule commits the first position early in some blocks

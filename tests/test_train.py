@@ -196,7 +196,7 @@ def test_how_the_drafter_drafts_travels_with_the_export(model_dirs, world_prompt
     assert (meta["canvas_seed"], meta["first_token"]) == (5, "encoder")
     drafter, _, _ = load_pair(str(out / "final"), str(model_dirs["verifier"]), "diffusiongemma")
     assert (drafter.canvas_seed, drafter.first_token) == (5, "encoder")
-    assert drafting_of(model_dirs["diffusiongemma"]) == {"canvas_seed": None, "first_token": "canvas"}
+    assert drafting_of(model_dirs["diffusiongemma"]) == {"canvas_seed": None, "first_token": "canvas", "context": None}
     canvas = tmp_path / "canvas"
     assert run_main(overrides(model_dirs, world_prompts, canvas, **{"train.max_steps": 1, "distill.canvas_seed": 5,
                                                                     "distill.first_token": "canvas",
@@ -204,6 +204,33 @@ def test_how_the_drafter_drafts_travels_with_the_export(model_dirs, world_prompt
     before = [json.loads((run / "final" / "meta.json").read_text())["heldout"]["before"] for run in (out, canvas)]
     assert before[0]["q_per_position"][1:] == before[1]["q_per_position"][1:]  # the same model: rows 2.. agree
     assert before[0]["expected_streak"] != before[1]["expected_streak"]  # the first row is another one
+
+
+def test_a_bidirectional_drafter_reads_at_decoding_the_context_it_trained_on(model_dirs, world_prompts, tmp_path):
+    """Per-window families cut each training window's prefix to data.max_prefix_len; the export's meta.json says
+    so, and decoding cuts the prefix the drafter re-reads every block to the same last tokens (DiffusionGemma caches
+    the whole prefix: no cut)."""
+    from align.drafter import Drafter
+    from align.loading import drafting_of, load_drafter_model
+
+    out = tmp_path / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, family="mdlm",
+                              **{"train.max_steps": 1, "data.max_prefix_len": 6})) == 0
+    assert drafting_of(str(out / "final"))["context"] == 6
+    model, tokenizer = load_drafter_model(str(out / "final"), "mdlm")
+    vocab = len(tokenizer)
+    cut = Drafter(model, "mdlm", vocab, tokenizer.mask_token_id, **drafting_of(str(out / "final")))
+    whole = Drafter(model, "mdlm", vocab, tokenizer.mask_token_id)
+    prefix = torch.randint(4, vocab, (1, 15))
+    assert torch.equal(cut.marginals(prefix, 4), whole.marginals(prefix[:, -6:], 4))
+    assert not torch.equal(cut.marginals(prefix, 4), whole.marginals(prefix, 4))
+    assert Drafter(tiny_drafter_of(model_dirs), "diffusiongemma", vocab, context=6).context is None
+
+
+def tiny_drafter_of(model_dirs):
+    from align.loading import load_drafter_model
+
+    return load_drafter_model(str(model_dirs["diffusiongemma"]), "diffusiongemma")[0]
 
 
 def test_export_cli_matches_the_final_export(model_dirs, world_prompts, tmp_path):

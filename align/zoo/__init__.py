@@ -42,6 +42,22 @@ def resolve(path: str) -> str:
     return str(model_dir(name))
 
 
+def check_name(path: str) -> str | None:
+    """For a ``zoo:NAME`` path: NAME, once it is known to be in the zoo and, for a real model that is not built yet,
+    once what building it reads is there (its packages, the adaptation text's package files) — nothing is built or
+    loaded. None for any other path. The CLIs check every input this way before anything costs time."""
+    if not path.startswith("zoo:"):
+        return None
+    name = path[len("zoo:"):]
+    if name not in MODELS:
+        raise AlignError(f"unknown zoo model '{name}'; the zoo has: {', '.join(MODELS)}")
+    if name in REAL and not is_built(name):
+        from align.zoo.real import check_sources
+
+        check_sources(name)
+    return name
+
+
 def _launched_rank() -> int:
     """This process's rank in a multi-process launch (deepspeed, torchrun), else 0."""
     try:
@@ -50,17 +66,29 @@ def _launched_rank() -> int:
         return 0
 
 
+TINYWORLD_SPLITS = {"train": "train_prompts.jsonl", "test": "test_prompts.jsonl", "probe": "probe.jsonl"}
+
+
+def check_prompts(source: str) -> None:
+    """A prompt source is one :func:`load_prompts` can read — a tiny-world split, a zoo name, an ``hf:`` name, or a
+    JSONL file that exists — checked without building or reading anything."""
+    if source.startswith("tinyworld:"):
+        if source.split(":", 1)[1] not in TINYWORLD_SPLITS:
+            raise AlignError(f"unknown tiny-world split '{source.split(':', 1)[1]}' in '{source}'; use one of "
+                             + ", ".join(f"tinyworld:{s}" for s in TINYWORLD_SPLITS))
+    elif source.startswith("zoo:"):
+        check_name(source)
+    elif not source.startswith("hf:") and not Path(source).is_file():
+        raise AlignError(f"prompts file not found: {source}")
+
+
 def load_prompts(source: str) -> list[dict[str, Any]]:
     """Prompts from a source: ``tinyworld:train`` / ``tinyworld:test`` / ``tinyworld:probe`` (the tiny world,
     written on demand), ``zoo:NAME`` (prompts the zoo writes, built on demand), ``hf:DATASET[:SPLIT[:COLUMN]]`` or
     a JSONL file of ``{"id", "prompt", "category"?}``."""
     if source.startswith("tinyworld:"):
-        split = source.split(":", 1)[1]
-        files = {"train": "train_prompts.jsonl", "test": "test_prompts.jsonl", "probe": "probe.jsonl"}
-        if split not in files:
-            raise AlignError(f"unknown tiny-world split '{split}' in '{source}'; use one of "
-                             + ", ".join(f"tinyworld:{s}" for s in files))
-        path = world_dir() / files[split]
+        check_prompts(source)
+        path = world_dir() / TINYWORLD_SPLITS[source.split(":", 1)[1]]
         if not path.is_file():
             from align.zoo.build import ZooSpec, ensure_world
 

@@ -137,3 +137,23 @@ def convert(name: str, out: Path) -> dict[str, Any]:
             "class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
             "chat_template": bool(getattr(tokenizer, "chat_template", None)),
             "licence": [Path(r).name for r in spec.licence]}
+
+
+#: what each real zoo model is built from: the verifier whose package it reads, and whether it adapts on the text
+SOURCES = {"smollm2-135m-instruct": ("smollm2-135m-instruct", False), "gemma3-270m": ("gemma3-270m", False),
+           "smollm2-prompts": ("smollm2-135m-instruct", False), "smollm2-dream": ("smollm2-135m-instruct", True),
+           "gemma3-diffusiongemma": ("gemma3-270m", True)}
+
+
+def check_sources(name: str) -> None:
+    """What building real zoo model ``name`` reads is installed or downloaded (cheap: no file is read whole)."""
+    from align.zoo.registry import cache_dir, is_built, packages_dir
+
+    verifier, adapts = SOURCES[name]
+    if not is_built(verifier):
+        check_installed(verifier)
+    if adapts and not (cache_dir() / "text" / "english.jsonl").is_file():
+        from align.zoo.text import SOURCES as TEXT, package_file
+
+        for source in TEXT:
+            package_file(packages_dir(), source)
