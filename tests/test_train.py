@@ -170,11 +170,12 @@ def test_every_family_and_objective_trains(model_dirs, world_prompts, tmp_path, 
 
 def test_the_next_token_term_is_added_with_its_weight(model_dirs, world_prompts, tmp_path):
     """distill.next_token_weight w adds w times one term to step 1's loss (two micro-batches, the drafter as loaded),
-    and that term is a cross-entropy of the order of an untrained model's, ln V."""
+    and that term is a cross-entropy of the order of an untrained model's, ln V. (The canvas drafts the first token:
+    w = 0 with the encoder drafting it is refused.)"""
     first = {}
     for w in (0.0, 1.0, 2.0):
         out = tmp_path / f"w{w}"
-        assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1,
+        assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1, "distill.first_token": "canvas",
                                                                      "distill.next_token_weight": w})) == 0
         first[w] = losses(out)[0]
     term = first[1.0] - first[0.0]
@@ -384,3 +385,38 @@ def test_micro_batches_by_prefix_length_pad_less_and_leave_every_window_its_logi
     for window, expected in alone.items():
         assert (shuffled[window] - expected).abs().max() < 1e-5, window
         assert (grouped[window] - expected).abs().max() < 1e-5, window
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_checkpoint_whose_pickle_would_run_code_is_refused(model_dirs, world_prompts, tmp_path, stage):
+    """A checkpoint this toolkit wrote passes the weights-only check at every ZeRO stage; one whose model-states pickle
+    carries an object that runs code when unpickled (here: it would write a marker file) is refused by the export and
+    by resumption with one line, and the code never runs."""
+    import pickle
+
+    from align.distill.backend import check_pickles
+    from align.errors import AlignError
+    from align.export import export_checkpoint
+
+    out = tmp_path / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1,
+                                                                 "deepspeed.zero_stage": stage})) == 0
+    checkpoint = out / "checkpoints" / "step-1"
+    check_pickles(checkpoint)
+    if stage:
+        return
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.write_text, (marker, "ran"))
+
+    states = checkpoint / "ds" / "mp_rank_00_model_states.pt"
+    data = torch.load(states, map_location="cpu", weights_only=True)
+    data["trap"] = Payload()
+    torch.save(data, states, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    with pytest.raises(AlignError, match="unpickling it could run code, so it is refused"):
+        export_checkpoint(checkpoint, tmp_path / "exported")
+    with pytest.raises(AlignError, match="unpickling it could run code"):  # resuming reads the same file
+        run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2}))
+    assert not marker.exists()

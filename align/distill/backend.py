@@ -145,6 +145,7 @@ class Engine:
 
     def load(self, checkpoint: Path) -> dict[str, Any]:
         """Restore weights, optimizer and schedule from ``checkpoint``; returns the trainer state saved with it."""
+        check_pickles(checkpoint)
         _, client = self.engine.load_checkpoint(str(checkpoint), tag=TAG)
         if client is None:
             raise AlignError(f"checkpoint {checkpoint} could not be read; delete it to resume from the one before")
@@ -159,16 +160,47 @@ def list_checkpoints(checkpoints: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
+def deepspeed_safe_types() -> list[type]:
+    """The plain-data classes DeepSpeed writes into its checkpoint pickles besides tensors and containers (found by
+    loading every ZeRO stage's files weights-only): the loss scaler, the ZeRO stage enum, a fragment's address. None
+    defines ``__setstate__`` or ``__reduce__``: the weights-only unpickler fills their fields and runs none of their
+    code."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def check_pickles(checkpoint: Path) -> None:
+    """Every pickle of ``checkpoint`` reads with torch's weights-only unpickler — tensors, containers, plain values and
+    the few plain-data DeepSpeed classes of ``deepspeed_safe_types`` — which runs no code. DeepSpeed itself unpickles
+    them with ``weights_only=False``, so a checkpoint folder from elsewhere could run arbitrary code on export or
+    resume; refused here first, with one line. (Memory-mapped: the tensors' data is not read.)"""
+    import pickle
+
+    with torch.serialization.safe_globals(deepspeed_safe_types()):
+        for file in sorted((Path(checkpoint) / TAG).glob("*.pt")):
+            try:
+                torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except (pickle.UnpicklingError, RuntimeError, AttributeError) as error:
+                lines = [line.strip() for line in str(error).splitlines() if "Unsupported" in line]
+                reason = (lines or [str(error).strip().splitlines()[0]])[0][:200]
+                raise AlignError(f"{file} holds more than tensors and plain data ({reason}); unpickling it could run "
+                                 "code, so it is refused: use a checkpoint align/train.py wrote") from None
+
+
 def full_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The full fp32 weights of a checkpoint, whatever the ZeRO stage (consolidated from the shards)."""
     folder = Path(checkpoint) / TAG
     if not folder.is_dir():
         raise AlignError(f"{checkpoint} is not a training checkpoint (no {TAG}/ folder inside)")
+    check_pickles(checkpoint)
     if any(folder.glob("*optim_states.pt")) and any(folder.glob("zero_pp_rank_*")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=TAG)
-    states = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    states = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
     return {k: v.float() for k, v in states["module"].items()}
 
 
