@@ -48,9 +48,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     from align.zoo import resolve
-    from align.loading import infer_family
+    from align.loading import check_model_folder, infer_family
 
     args = parse_args(argv)
+    check_model_folder(args.drafter, "drafter")  # both before either is built or loaded
+    check_model_folder(args.verifier, "verifier")
     family = args.family or infer_family(resolve(args.drafter), args.trust_remote_code)
     drafter, verifier, tokenizer = load_pair(args.drafter, args.verifier, family, args.dtype, args.trust_remote_code,
                                              device=args.device)

@@ -66,6 +66,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     recipe = load_recipe(args.recipe, args.overrides)
     out = Path(recipe.run.output_dir)
+    check_model_folder(recipe.drafter.path, "drafter")  # every input before anything is started, built or loaded
+    check_model_folder(recipe.verifier.path, "verifier")
+    check_prompts(recipe.data.prompts)
 
     # ----------------------------------------------------------------------------------------- processes
     rank, world = init_distributed(recipe.deepspeed.timeout_minutes)
@@ -79,9 +82,6 @@ def main(argv: list[str]) -> int:
 
     # ----------------------------------------------------------------------------------------- rollouts -> windows
     d = recipe.drafter
-    check_model_folder(d.path, "drafter")  # every input before anything is built, loaded or generated
-    check_model_folder(recipe.verifier.path, "verifier")
-    check_prompts(recipe.data.prompts)
     drafter_tokenizer = load_tokenizer(resolve(d.path), "drafter", d.trust_remote_code)
     verifier_tokenizer = load_tokenizer(resolve(recipe.verifier.path), "verifier")
     vocab = shared_vocab_size(drafter_tokenizer, verifier_tokenizer, d.path, recipe.verifier.path)  # what decoding drafts
@@ -470,6 +470,11 @@ def init_distributed(timeout_minutes: int = 120) -> tuple[int, int]:
                 s.bind(("127.0.0.1", 0))
                 os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     if not dist.is_initialized():
+        if not torch.cuda.is_available() and os.environ["WORLD_SIZE"] == "1":
+            # DeepSpeed's shared-memory all-reduce speeds up CPU collectives between processes; one process has
+            # none, and loading the op JIT-compiles it on first use (about 43 s) and then waits on a lock every
+            # DeepSpeed process on the machine shares: skipped, gloo serves
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
                                    timeout=datetime.timedelta(minutes=timeout_minutes))
     return dist.get_rank(), dist.get_world_size()

@@ -207,3 +207,37 @@ def test_malformed_checkpoints_and_models(model_dirs, world_prompts, exported, t
     ]
     for command, argv, words in cases:
         _refused(capsys, command, argv, words, inputs)
+
+
+EMPTY_CACHE = {  # (command, arguments, words) that name zoo models the empty cache does not hold
+    "train-missing-verifier": ("train", ["recipes/tiny.yaml", "verifier.path=/no/such/model"], "/no/such/model"),
+    "train-missing-drafter": ("train", ["recipes/tiny.yaml", "drafter.path=/no/such/drafter"], "/no/such/drafter"),
+    "train-missing-prompts": ("train", ["recipes/tiny.yaml", "data.prompts=/no/such/prompts.jsonl"],
+                              "/no/such/prompts.jsonl"),
+    "train-unknown-zoo-verifier": ("train", ["recipes/tiny.yaml", "verifier.path=zoo:tiny-gpt"], "tiny-gpt"),
+    "rollouts-missing-verifier": ("rollouts", ["recipes/tiny.yaml", "verifier.path=/no/such/model"], "/no/such/model"),
+    "real-recipe-missing-drafter": ("train", ["recipes/smollm2-dream.yaml", "drafter.path=/no/such/drafter"],
+                                    "/no/such/drafter"),
+    # its drafter is made from Gemma 3, whose GGUF package (or the adaptation text's) make real-install fetches
+    "gemma-recipe-before-real-install": ("train", ["recipes/gemma3-diffusiongemma.yaml", "verifier.path=/no/such/model"],
+                                         "make real-install"),
+    "eval-missing-checkpoint": ("eval", ["--ckpt", "/no/such/ckpt"], "/no/such/ckpt"),
+    "decode-missing-verifier": ("decode", ["--drafter", "zoo:tiny-diffusiongemma", "--verifier", "/no/such/model",
+                                           "--prompt", "hi"], "/no/such/model"),
+    "decode-unknown-zoo-drafter": ("decode", ["--drafter", "zoo:tiny-gpt", "--verifier", "zoo:tiny-verifier",
+                                              "--prompt", "hi"], "tiny-gpt"),
+    "export-not-a-checkpoint": ("export", ["/no/such/checkpoint", "/no/such/out"], "/no/such/checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EMPTY_CACHE))
+def test_on_an_empty_cache_a_mistake_is_refused_before_anything_is_built(case, tmp_path, capsys, monkeypatch):
+    """A new user's machine: the cache holds no zoo model. A wrong path beside zoo names that would need building (the
+    tiny world's models take minutes, a real pair's an hour) is refused first, with one line, and the cache is left
+    as empty as it was found: nothing was built, converted, locked or generated."""
+    cache = tmp_path / "empty-cache"
+    cache.mkdir()
+    monkeypatch.setenv("ALIGN_CACHE", str(cache))
+    command, argv, words = EMPTY_CACHE[case]
+    _refused(capsys, command, argv, words, _world(tmp_path))
+    assert not any(cache.iterdir()), sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
