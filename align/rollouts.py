@@ -38,11 +38,13 @@ CHUNKS, DATASET, META = "chunks", "dataset", "meta.json"
 
 
 def rollout_meta(recipe: Recipe) -> dict[str, Any]:
-    """What determines a set of rollouts (and names its folder)."""
+    """What determines a set of rollouts (and names its folder). Greedy rollouts draw nothing, so their seed is 0
+    whatever run.seed is: runs of several seeds share one set instead of generating the same tokens again."""
     d = recipe.data
     return {"verifier": recipe.verifier.path, "verifier_dtype": recipe.verifier.dtype, "prompts": d.prompts,
             "num_prompts": d.num_prompts, "backend": d.backend, "n": d.n, "temperature": d.temperature,
-            "top_p": d.top_p, "max_new_tokens": d.max_new_tokens, "chunk_size": d.batch_size, "seed": recipe.run.seed}
+            "top_p": d.top_p, "max_new_tokens": d.max_new_tokens, "chunk_size": d.batch_size,
+            "seed": recipe.run.seed if d.temperature > 0 else 0}
 
 
 def rollouts_dir(recipe: Recipe) -> Path:

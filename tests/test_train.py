@@ -420,3 +420,17 @@ def test_a_checkpoint_whose_pickle_would_run_code_is_refused(model_dirs, world_p
     with pytest.raises(AlignError, match="unpickling it could run code"):  # resuming reads the same file
         run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2}))
     assert not marker.exists()
+
+
+def test_greedy_rollouts_are_shared_by_every_seed_and_sampled_ones_are_not():
+    """run.seed names the rollout folder only where it draws something: greedy rollouts of seeds 0, 1 and 2 are one
+    set (generating it again would give the same tokens); sampled ones are three."""
+    from align.config import load_recipe
+    from align.rollouts import rollouts_dir
+
+    def folders(temperature: float) -> set:
+        return {rollouts_dir(load_recipe("recipes/tiny.yaml", [f"run.seed={seed}", f"data.temperature={temperature}"]))
+                for seed in (0, 1, 2)}
+
+    assert len(folders(0.0)) == 1
+    assert len(folders(1.0)) == 3
