@@ -119,6 +119,9 @@ def main() -> None:
     p.add_argument("--suite", default="tinyworld", help="the eval.acceptance suite the kept runs are decoded on")
     p.add_argument("--per-category", type=int, default=None, help="the first N prompts of each category of it")
     p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--decode", type=int, default=1, help="1: decode every kept run with eval.acceptance; 0: rank by "
+                   "the held-out metrics alone (held-out windows of greedy rollouts: the greedy streak is what greedy "
+                   "verification accepts there, E[streak] what sampling verification accepts in expectation)")
     p.add_argument("--decode-steps", default="1", help="denoising steps T at decoding (comma list; other than 1: "
                    "each kept run is decoded at every T into eval-T<list>, and a table of accepted per T is printed)")
     args = p.parse_args()
@@ -154,13 +157,15 @@ def main() -> None:
             for seed in seeds:
                 folder = out / f"{regime}-{variant}-lr{best:g}-s{seed}"
                 kept = entry["seeds"].get(str(seed))
-                if kept is None or kept.get("lr") != best:
+                if kept is None or kept.get("lr") != best or (args.decode and "accepted_mean" not in kept):
                     trained = train(args.recipe, folder, regime, variant, best, seed, args.steps, extra)
-                    decoded = decode(str(folder / "final"), regime, seed, folder / "eval", args.limit, [])
+                    decoded = decode(str(folder / "final"), regime, seed, folder / "eval", args.limit, []) \
+                        if args.decode else {}
                     kept = entry["seeds"][str(seed)] = {"lr": best, **trained, **decoded}
                     save()
-                    print(f"{regime} {variant} lr {best:g} seed {seed}: accepted {decoded['accepted_mean']:.3f}",
-                          flush=True)
+                    print(f"{regime} {variant} lr {best:g} seed {seed}: held-out greedy streak "
+                          f"{trained['greedy_streak']:.3f}, E[streak] {trained['expected_streak']:.3f}"
+                          + (f", accepted {decoded['accepted_mean']:.3f}" if decoded else ""), flush=True)
                 if args.decode_steps != "1" and kept.get("by_steps", {}).get("steps") != args.decode_steps:
                     decoded = decode(str(folder / "final"), regime, seed, folder / f"eval-T{args.decode_steps}",
                                      args.limit, [], args.decode_steps)
@@ -193,8 +198,8 @@ def table(results: dict, recipe: str, steps: int) -> str:
         if not runs:
             continue
         swept = ", ".join(f"{float(lr):g}{'*' if float(lr) == entry['lr'] else ''}" for lr in entry["sweep"])
-        alphas = [_mean_sd([r["alpha"][str(j)] for r in runs]) for j in POSITIONS]
-        lines.append(f"| {regime} | {variant} | {swept} | {_mean_sd([r['accepted_mean'] for r in runs])} | "
+        alphas = [_mean_sd([r["alpha"][str(j)] for r in runs if "alpha" in r]) for j in POSITIONS]
+        lines.append(f"| {regime} | {variant} | {swept} | {_mean_sd([r.get('accepted_mean') for r in runs])} | "
                      f"{_mean_sd([r.get('accepted_sampled') for r in runs])} | {len(runs)} | "
                      f"{_mean_sd([r['expected_streak'] for r in runs])} | {_mean_sd([r['greedy_streak'] for r in runs])} | "
                      + " | ".join(alphas) + f" | {_mean_sd([r['s_per_step'] for r in runs])} |")
