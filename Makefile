@@ -13,7 +13,7 @@ ifeq ($(HAS_GPU),)
 export DS_ACCELERATOR := cpu
 endif
 
-.PHONY: install demo test test-faults vllm-env zoo rehearse gpu-check real real-install clean
+.PHONY: install demo test test-all test-faults vllm-env zoo rehearse gpu-check real real-install clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,8 +73,16 @@ demo: install
 rehearse: install vllm-env
 	$(PY) bench/rehearse.py --vllm
 
-test: install vllm-env
-	$(PY) -m pytest -q -n 2 tests
+# the two environments install side by side (their downloads overlap); the suite leaves out the tests marked slow
+# (two-process faults: make test-faults) to stay within 15 minutes on 2 cores; worksteal keeps both workers busy
+# to the end, where the long tests would otherwise leave one idle
+test:
+	$(MAKE) -j2 install vllm-env
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" tests
+
+# everything, the slow tests included
+test-all: install vllm-env
+	$(PY) -m pytest -q -n 2 --dist worksteal tests
 
 # the fault suite: kill -9 at random moments of training, export and evaluation, 5 trials each, and its table
 test-faults: install

@@ -2,7 +2,7 @@
 
     python bench/gpu_check.py                          # one GPU, gemma pair, gpu-scale replicas (at most ~8 min)
     python bench/gpu_check.py --pair qwen-diffucoder
-    python bench/gpu_check.py --scale cpu --steps 1 --gammas 8 --ks 1,2 --prompts 1 --max-new-tokens 8   # CPU smoke
+    python bench/gpu_check.py --scale cpu --steps 1 --zero 3 --gammas 8 --ks 1,2 --prompts 1 --max-new-tokens 8   # CPU smoke
 
 Prints three tables: training tokens/s and peak memory under ZeRO-2 and ZeRO-3 in bf16, with LoRA and full
 fine-tuning (one process, the trainer's own Engine, loss and model loading); drafter-pass and verifier-pass latency
@@ -116,6 +116,7 @@ def main() -> int:
     p.add_argument("--scale", default="gpu", choices=("cpu", "gpu"), help="replica size (align/zoo/replicas.py)")
     p.add_argument("--out", default="runs/gpu-check")
     p.add_argument("--steps", type=int, default=5, help="timed training steps per setting")
+    p.add_argument("--zero", default="2,3", help="ZeRO stages timed (comma list), each with LoRA and full fine-tuning")
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--prefix", type=int, default=512, help="prefix tokens per training window")
     p.add_argument("--gammas", default="8,16,32")
@@ -138,7 +139,7 @@ def main() -> int:
     init_distributed()
 
     print("\n| training (bf16, 1 process) | tokens/s | peak memory (GiB) |\n|---|---|---|", flush=True)
-    for zero in (2, 3):
+    for zero in map(int, args.zero.split(",")):
         for lora in (True, False):
             speed, peak = train_throughput(args.pair, zero, lora, args)
             print(f"| ZeRO-{zero}, {'LoRA r=32' if lora else 'full'} | {speed:,.0f} | {peak:.1f} |", flush=True)

@@ -176,6 +176,7 @@ def straight_two(model_dirs, world_prompts, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_one_rank_killed_stops_the_run_then_a_rerun_completes(straight_two, model_dirs, world_prompts, tmp_path,
                                                               trial):
@@ -203,6 +204,7 @@ def test_one_rank_killed_stops_the_run_then_a_rerun_completes(straight_two, mode
     OUTCOMES.append(("kill -9 of one rank", "two-process training", trial, "complete and correct"))
 
 
+@pytest.mark.slow
 def test_a_failed_save_on_one_rank_is_one_line_and_nobody_hangs(straight_two, model_dirs, world_prompts, tmp_path):
     """The lead's file size limit drops below a checkpoint after the first save: the save fails with one line naming
     the checkpoint, the other rank is stopped instead of waiting at the save's barrier, and a rerun completes."""

