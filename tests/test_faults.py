@@ -71,6 +71,7 @@ def straight(model_dirs, world_prompts, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_kill_during_training_and_its_saves_then_rerun(straight, model_dirs, world_prompts, tmp_path, trial):
     out = tmp_path / "run"
@@ -100,6 +101,7 @@ def test_kill_during_export_then_rerun(straight, tmp_path, trial):
     OUTCOMES.append(("kill -9", "export", trial, "complete and correct"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_kill_during_evaluation_then_rerun(exported, world_prompts, tmp_path, trial):
     out = tmp_path / "eval"
@@ -118,6 +120,7 @@ def test_kill_during_evaluation_then_rerun(exported, world_prompts, tmp_path, tr
     OUTCOMES.append(("kill -9", "evaluation", trial, "complete and correct"))
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_is_one_line_then_a_rerun_completes(straight, model_dirs, world_prompts, tmp_path):
     """A file-size limit (RLIMIT_FSIZE) stands in for a full disk: the first checkpoint's files do not fit."""
     import resource

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from conftest import ROOT
@@ -47,6 +48,7 @@ def test_replicas_keep_the_real_structure():
         assert (a[0, 0] - b[0, 0]).abs().max() > 0
 
 
+@pytest.mark.slow  # 100 s: make test-all runs it, and bench/gpu_check.py runs itself on a GPU
 def test_gpu_check_runs_at_cpu_scale(tmp_path):
     command = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--scale", "cpu", "--steps", "1", "--zero", "3",
                "--micro-batch", "1", "--prefix", "16", "--gammas", "8", "--ks", "1,2", "--prompts", "1",
