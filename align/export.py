@@ -52,8 +52,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         "base_drafter": recipe.drafter.path, "family": recipe.drafter.family, "verifier": recipe.verifier.path,
         "objective": recipe.distill.objective, "gamma": recipe.distill.gamma,
         "canvas_seed": recipe.distill.canvas_seed, "first_token": recipe.distill.first_token,
-        # what a bidirectional drafter read of the prefix in training, and so reads at decoding (align.drafter)
-        "context": None if recipe.drafter.family == "diffusiongemma" else recipe.data.max_prefix_len,
+        # what the drafter read of the prefix in training; align.drafter.Drafter decides who re-reads it
+        "context": recipe.data.max_prefix_len,
         "temperature": recipe.distill.temperature, "steps": state["step"], "run": recipe.run.name,
         "data_fingerprint": state.get("data_fingerprint"), "heldout": state.get("heldout", {}),
         "align_version": align.__version__, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

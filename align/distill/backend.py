@@ -172,22 +172,25 @@ def deepspeed_safe_types() -> list[type]:
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
-def check_pickles(checkpoint: Path) -> None:
+def check_pickles(checkpoint: Path) -> dict[str, Any]:
     """Every pickle of ``checkpoint`` reads with torch's weights-only unpickler — tensors, containers, plain values and
     the few plain-data DeepSpeed classes of ``deepspeed_safe_types`` — which runs no code. DeepSpeed itself unpickles
     them with ``weights_only=False``, so a checkpoint folder from elsewhere could run arbitrary code on export or
-    resume; refused here first, with one line. (Memory-mapped: the tensors' data is not read.)"""
+    resume; refused here first, with one line. Returns what each file holds, by file name, memory-mapped: the
+    tensors' data is read only when used."""
     import pickle
 
+    loaded = {}
     with torch.serialization.safe_globals(deepspeed_safe_types()):
         for file in sorted((Path(checkpoint) / TAG).glob("*.pt")):
             try:
-                torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+                loaded[file.name] = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
             except (pickle.UnpicklingError, RuntimeError, AttributeError) as error:
                 lines = [line.strip() for line in str(error).splitlines() if "Unsupported" in line]
                 reason = (lines or [str(error).strip().splitlines()[0]])[0][:200]
                 raise AlignError(f"{file} holds more than tensors and plain data ({reason}); unpickling it could run "
                                  "code, so it is refused: use a checkpoint align/train.py wrote") from None
+    return loaded
 
 
 def full_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -195,13 +198,15 @@ def full_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
     folder = Path(checkpoint) / TAG
     if not folder.is_dir():
         raise AlignError(f"{checkpoint} is not a training checkpoint (no {TAG}/ folder inside)")
-    check_pickles(checkpoint)
+    loaded = check_pickles(checkpoint)
     if any(folder.glob("*optim_states.pt")) and any(folder.glob("zero_pp_rank_*")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=TAG)
-    states = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
-    return {k: v.float() for k, v in states["module"].items()}
+    if "mp_rank_00_model_states.pt" not in loaded:
+        raise AlignError(f"{checkpoint} has no {TAG}/mp_rank_00_model_states.pt; delete it to use the one before")
+    # stage 0: the weights are in the model states checked above (copied out of the mapped file once)
+    return {k: v.to(torch.float32, copy=True) for k, v in loaded["mp_rank_00_model_states.pt"]["module"].items()}
 
 
 def _rank() -> int:

@@ -139,17 +139,22 @@ def convert(name: str, out: Path) -> dict[str, Any]:
             "licence": [Path(r).name for r in spec.licence]}
 
 
-#: what each real zoo model is built from: the verifier whose package it reads, and whether it adapts on the text
-SOURCES = {"smollm2-135m-instruct": ("smollm2-135m-instruct", False), "gemma3-270m": ("gemma3-270m", False),
-           "smollm2-prompts": ("smollm2-135m-instruct", False), "smollm2-dream": ("smollm2-135m-instruct", True),
-           "gemma3-diffusiongemma": ("gemma3-270m", True)}
+def sources(name: str) -> tuple[str, bool]:
+    """What building real zoo model ``name`` reads: the verifier whose package it converts, and whether it adapts on
+    the English text — read from the zoo's own build settings (``ZooSpec.real``)."""
+    if name in REAL_VERIFIERS:
+        return name, False
+    from align.zoo.build import ZooSpec
+
+    spec = ZooSpec().real[name]
+    return spec.get("verifier", spec.get("model")), "family" in spec
 
 
 def check_sources(name: str) -> None:
     """What building real zoo model ``name`` reads is installed or downloaded (cheap: no file is read whole)."""
     from align.zoo.registry import cache_dir, is_built, packages_dir
 
-    verifier, adapts = SOURCES[name]
+    verifier, adapts = sources(name)
     if not is_built(verifier):
         check_installed(verifier)
     if adapts and not (cache_dir() / "text" / "english.jsonl").is_file():
