@@ -46,9 +46,40 @@ def chi_square_p(counts: Counter, probs: dict, n: int) -> float:
         else:
             cells.append((counts.get(key, 0), n * p))
     cells.append((merged_obs, merged_exp))
-    stat = sum((o - e) ** 2 / e for o, e in cells if e > 0)
-    df = max(1, len(cells) - 1)
-    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))  # Wilson-Hilferty
+    return _upper_tail(sum((o - e) ** 2 / e for o, e in cells if e > 0), len(cells) - 1)
+
+
+def homogeneity(a: Counter, b: Counter) -> tuple[float, int]:
+    """Sampling losslessness between two samplers whose exact distribution is out of reach (vLLM with and without
+    speculation): the p-value that the outcome counts ``a`` and ``b`` come from one distribution, by a chi-square
+    test of homogeneity on the 2 × k table, Σ_cells Σ_s (O_s − E_s)² / E_s with E_s = (a + b) · n_s / (n_a + n_b),
+    the outcomes whose smaller expected count is under 5 merged into one cell; and the number of cells k (1: the
+    samples are too few to say anything)."""
+    n_a, n_b = sum(a.values()), sum(b.values())
+    if not n_a or not n_b:
+        raise ValueError("homogeneity needs samples on both sides")
+    share = min(n_a, n_b) / (n_a + n_b)
+    cells, rest = [], [0, 0]
+    for key in set(a) | set(b):
+        x, y = a.get(key, 0), b.get(key, 0)
+        if (x + y) * share < 5:
+            rest = [rest[0] + x, rest[1] + y]
+        else:
+            cells.append((x, y))
+    if sum(rest):
+        cells.append(tuple(rest))
+    stat = 0.0
+    for x, y in cells:
+        for observed, n in ((x, n_a), (y, n_b)):
+            expected = (x + y) * n / (n_a + n_b)
+            stat += (observed - expected) ** 2 / expected
+    return _upper_tail(stat, len(cells) - 1), len(cells)
+
+
+def _upper_tail(stat: float, df: int) -> float:
+    """P(χ²_df ≥ stat), by the Wilson-Hilferty approximation (df at least 1)."""
+    df = max(1, df)
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 

@@ -62,6 +62,7 @@ class DiffusionProposer:
 
     def load_model(self, target_model: Any = None, *args: Any, **kwargs: Any) -> None:
         """Load the drafter on the target model's device (vLLM calls this once, with the verifier)."""
+        mend_cpu_temperature_expansion()
         device = "cpu"
         if target_model is not None:
             device = str(next(target_model.parameters()).device)
@@ -104,3 +105,32 @@ class DiffusionProposer:
                 drafts[row] = draft[:rooms[row]]
         self.states = states  # requests that did not run this step (finished or preempted) lose their state
         return drafts
+
+
+def mend_cpu_temperature_expansion() -> bool:
+    """Make vLLM-CPU's speculative sampling lossless again; True where it had to.
+
+    vLLM 0.32's rejection sampler spreads each request's temperature over its draft positions with
+    ``expand_batch_to_tokens``; without Triton (its CPU build) that runs a C++ fallback which converts the float
+    tensors to int64 copies and never writes the result back, so every draft position's logits are divided by
+    uninitialised memory and sampled speculative decoding leaves the verifier's distribution (measured:
+    bench/serving_load.py --proposer constant, where a constant draft token was emitted at ~60% of positions that the
+    verifier gives ~0.25%; greedy is unaffected). Checked on a small case first, and replaced with the same
+    expansion in torch only where it is wrong."""
+    try:
+        from vllm.v1.sample import rejection_sampler
+    except ImportError:  # not inside vLLM
+        return False
+    probe = rejection_sampler.expand_batch_to_tokens(torch.tensor([0.5, -1.0]), torch.tensor([2, 3], dtype=torch.int32),
+                                                    3, replace_from=-1, replace_to=1)
+    if torch.equal(probe, torch.tensor([0.5, 0.5, 1.0])):
+        return False
+
+    def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int,
+                               replace_from: int = 0, replace_to: int = 0) -> torch.Tensor:
+        counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))
+        values = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype), x)
+        return values.repeat_interleave(counts, output_size=num_tokens)
+
+    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    return True

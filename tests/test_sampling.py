@@ -94,3 +94,23 @@ def test_the_same_test_rejects_a_broken_acceptance_rule(monkeypatch):
     n = 5_000
     counts = sample(decoder, n, 1.0, 1)
     assert chi_square_p(counts, exact_distribution(verifier, 1.0), n) < 1e-6
+
+
+def test_the_two_sample_check_tells_one_distribution_from_another():
+    """homogeneity (serving's check of vLLM with and without speculation, where no exact distribution is at hand):
+    two samples of one distribution pass, a distribution moved by 0.1 in total variation is rejected."""
+    from align.lossless import homogeneity
+
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.4, 0.3, 0.2, 0.05, 0.03, 0.02])
+    q = torch.tensor([0.3, 0.4, 0.2, 0.05, 0.03, 0.02])  # TV 0.1
+
+    def sample(probs, n=2000):
+        return Counter(torch.multinomial(probs, n, replacement=True, generator=gen).tolist())
+
+    same = [homogeneity(sample(p), sample(p)) for _ in range(20)]
+    assert all(cells == 6 for _, cells in same)
+    assert min(v for v, _ in same) > 1e-3 and sum(v < 0.05 for v, _ in same) <= 4, same
+    assert homogeneity(sample(p), sample(q))[0] < 1e-6
+    assert homogeneity(Counter({0: 50}), Counter({0: 70}))[1] == 1  # one outcome: one cell, no evidence either way
+    assert homogeneity(Counter({0: 3, 1: 2}), Counter({0: 2, 1: 3}))[1] == 1  # too few samples: merged into one
