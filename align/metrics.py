@@ -1,8 +1,9 @@
 """Acceptance statistics, shared by decoding, training logs and evaluation.
 
 Words (see the README): per block, ``accepted`` is the number of draft tokens the verifier kept (0..γ);
-``tau`` is tokens produced per verifier call, ``accepted + 1`` (vLLM's "mean acceptance length") except where an
-accepted EOS ends the text (no verifier token follows it); both are pooled over blocks (sum over blocks / number of
+``tau`` is tokens produced per verifier call, ``accepted + 1`` except where an accepted EOS ends the text (no
+verifier token follows it) — not vLLM's "mean acceptance length", 1 + accepted_mean, which counts drafting calls
+only and always adds the bonus token (docs/metrics.md); both are pooled over blocks (sum over blocks / number of
 blocks), never averaged per request. Blocks with no room for a draft (γ = 0, the last token before the length
 limit) are verifier calls for τ and speed, but offer nothing to accept: ``accepted_mean``, the acceptance rate and
 α_j count only blocks that drafted. ``alpha_j`` is the acceptance rate at block position j among blocks that

@@ -227,8 +227,11 @@ def write_report(document: dict[str, Any], out: Path) -> list[Path]:
                                                    else "") + (f"; AR drafter `{main['ar']['drafter']}` (standard "
                                                                "speculative decoding)" if "ar" in main else "") + ".",
                 "", "Environment: " + ", ".join(f"{k} {v}" for k, v in document["environment"].items()), "",
-                "`accepted_mean`: draft tokens the verifier kept per block (0..γ), pooled over blocks. `τ`: tokens "
-                "per verifier call = accepted + 1. `expected τ`: what the per-position rates α_j imply.", "",
+                "`accepted_mean`: draft tokens the verifier kept per block (0..γ), pooled over the blocks that "
+                "drafted. `τ`: tokens per verifier call, pooled over every call (a block that an accepted EOS ends "
+                "adds no verifier token, and calls with no room for a draft count), so at most 1 + accepted_mean, "
+                "vLLM's mean acceptance length. `expected τ`: what the per-position rates α_j imply "
+                "(docs/metrics.md).", "",
                 "Speed: `speedup` is tokens/s against the verifier alone in a minimal cached loop through the same "
                 "verifier path (the prompt in one pass, then one token per step from the KV cache; "
                 "`align.verifier.verifier_alone`), the same prompts, after a warm-up, device-synchronised timer. "

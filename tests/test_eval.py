@@ -43,7 +43,9 @@ def test_schema_sweep_report_and_lossless_outputs(exported, world_prompts, model
     assert {r["label"] for r in results} == {"aligned", "baseline"}
     for name in ("report.md", "per_position.png", "per_category.png", "gamma_sweep.png", "k_sweep.png"):
         assert (out / name).stat().st_size > 1000 or name == "report.md" and (out / name).stat().st_size > 200
-    assert "| setting | drafter | accepted_mean | τ (tokens per verifier call) |" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "| setting | drafter | accepted_mean | τ (tokens per verifier call) |" in report
+    assert "accepted + 1" not in report, "τ is not accepted + 1 (EOS blocks, calls with no room to draft)"
 
     from align.loading import load_verifier_model
 
