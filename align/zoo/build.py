@@ -6,6 +6,8 @@ after the model was saved under a temporary name and renamed, so an interrupted 
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import json
 import os
@@ -26,6 +28,7 @@ from align.tinyworld.corpus import read_jsonl, write_world
 from align.tinyworld.tokenizer import train_tokenizer
 from align.zoo.registry import DEFAULT_BUILD, MODELS, REAL, cache_dir, is_built, model_dir, packages_dir, world_dir
 from align.zoo.models import BOS, EOS, PAD, diffusiongemma_model, mdlm_model, verifier_model
+from align.zoo.real import REAL_BUILDS
 from align.zoo.replicas import REPLICAS, build_replica
 from align.zoo.pretrain import Doc, pretrain_drafter, pretrain_verifier
 
@@ -49,13 +52,7 @@ class ZooSpec:
     })
     # drafters made from the real verifiers (align/zoo/derive.py), adapted on English text (align/zoo/adapt.py):
     # the verifier's first `layers` layers; `steps` batches of `batch_size` pieces of `seq` tokens
-    real: dict = field(default_factory=lambda: {
-        "smollm2-prompts": {"model": "smollm2-135m-instruct", "count": 480, "seed": 0},
-        "smollm2-dream": {"verifier": "smollm2-135m-instruct", "family": "dream", "layers": 6, "steps": 100,
-                          "batch_size": 16, "seq": 128, "lr": 2e-4},
-        "gemma3-diffusiongemma": {"verifier": "gemma3-270m", "family": "diffusiongemma", "layers": 6, "steps": 80,
-                                  "batch_size": 4, "seq": 96, "lr": 2e-4, "offsets": 2, "next_token": 1.0},
-    })
+    real: dict = field(default_factory=lambda: copy.deepcopy(REAL_BUILDS))
 
 
 def tokenizer_dir() -> Path:

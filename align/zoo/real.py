@@ -139,14 +139,24 @@ def convert(name: str, out: Path) -> dict[str, Any]:
             "licence": [Path(r).name for r in spec.licence]}
 
 
+#: how the zoo builds what it makes from the real verifiers (the defaults of ``ZooSpec.real``): the Magpie prompts, and
+#: the drafters made from the verifier's first `layers` layers (align/zoo/derive.py), adapted on English text
+#: (align/zoo/adapt.py) for `steps` batches of `batch_size` pieces of `seq` tokens
+REAL_BUILDS = {
+    "smollm2-prompts": {"model": "smollm2-135m-instruct", "count": 480, "seed": 0},
+    "smollm2-dream": {"verifier": "smollm2-135m-instruct", "family": "dream", "layers": 6, "steps": 100,
+                      "batch_size": 16, "seq": 128, "lr": 2e-4},
+    "gemma3-diffusiongemma": {"verifier": "gemma3-270m", "family": "diffusiongemma", "layers": 6, "steps": 80,
+                              "batch_size": 4, "seq": 96, "lr": 2e-4, "offsets": 2, "next_token": 1.0},
+}
+
+
 def sources(name: str) -> tuple[str, bool]:
     """What building real zoo model ``name`` reads: the verifier whose package it converts, and whether it adapts on
-    the English text — read from the zoo's own build settings (``ZooSpec.real``)."""
+    the English text (read from ``REAL_BUILDS``)."""
     if name in REAL_VERIFIERS:
         return name, False
-    from align.zoo.build import ZooSpec
-
-    spec = ZooSpec().real[name]
+    spec = REAL_BUILDS[name]
     return spec.get("verifier", spec.get("model")), "family" in spec
 
 
