@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -42,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from align.errors import AlignError, run_cli  # noqa: E402
+from eval.vllm_engine import run_child  # noqa: E402
 
 BLOCK = 32  # KV-cache block size in tokens (vLLM-CPU's attention needs a multiple of 32; its default is larger)
 CASES = ("load", "near_limit", "aborts", "parallel")
@@ -190,17 +190,10 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
 def run_engine(config: dict[str, Any]) -> dict[str, Any]:
     env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if config["drafter"]:
         env["ALIGN_DRAFTER"] = config["drafter"]
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--ckpt", "-", "--child", "1"],
-                          input=json.dumps(config), env=env, cwd=ROOT, capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
-        raise AlignError(f"the vLLM engine ({'with' if config['drafter'] else 'without'} speculation) failed: "
-                         + " | ".join(tail))
-    return json.loads(lines[-1])
+    return run_child([str(Path(__file__).resolve()), "--ckpt", "-", "--child", "1"], config, env,
+                     f"the vLLM engine ({'with' if config['drafter'] else 'without'} speculation) failed")
 
 
 def compare(cases: dict[str, list[dict]], plain: dict, spec: dict, concurrency: int,

@@ -83,15 +83,22 @@ def _run(config: dict[str, Any]) -> dict[str, Any]:
         env["ALIGN_DRAFTER_STEPS"] = str(config["steps"])
         if config.get("family"):
             env["ALIGN_DRAFTER_FAMILY"] = config["family"]
-    root = str(Path(__file__).resolve().parents[1])  # the proposer is imported in vLLM's own processes
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    done = subprocess.run([sys.executable, "-m", "eval.vllm_engine"], input=json.dumps(config), env=env, cwd=root,
+    return run_child(["-m", "eval.vllm_engine"], config, env,
+                     f"vLLM run failed (drafter {config['drafter']}, concurrency {config['concurrency']})")
+
+
+def run_child(argv: list[str], config: dict[str, Any], env: dict[str, str], what: str) -> dict[str, Any]:
+    """Run ``python argv`` (this Python, from the repository root, which joins PYTHONPATH: vLLM imports the proposer
+    in its own processes) with ``config`` as JSON on stdin; the last JSON line it prints, or one error naming
+    ``what`` with the tail of its output."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**env, "PYTHONPATH": root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")}
+    done = subprocess.run([sys.executable, *argv], input=json.dumps(config), env=env, cwd=root,
                           capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
-        raise AlignError(f"vLLM run failed (drafter {config['drafter']}, concurrency {config['concurrency']}): "
-                         + " | ".join(tail))
+        raise AlignError(f"{what}: " + " | ".join(tail))
     return json.loads(lines[-1])
 
 
