@@ -54,8 +54,9 @@ class VerifierConfig:
 @dataclass
 class DrafterConfig:
     path: str = option("zoo:tiny-diffusiongemma", "Drafter to align: a local folder, a hub name, or zoo:NAME.")
-    family: str = option("diffusiongemma", "Drafter family: its canvas and logits convention.",
-                         choices=("diffusiongemma", "mdlm", "dream"))
+    family: str = option("diffusiongemma", "Drafter family: its canvas and logits convention (dflash: the feature-"
+                         "conditioned drafter, which drafts from the verifier's hidden states; docs/dflash.md).",
+                         choices=("diffusiongemma", "mdlm", "dream", "dflash"))
     trust_remote_code: bool = option(False, "Allow the drafter's own modelling code (needed by Dream/DiffuCoder).")
     mask_token_id: int | None = option(None, "Mask token id for masked families; null reads the tokenizer's.", min=0)
     freeze_embeddings: bool = option(False, "Keep the drafter's token embeddings and its (tied) output head as they "
@@ -377,6 +378,8 @@ def _describe(base: Any, meta: Any) -> str:
 
 def packing_on(recipe: Recipe) -> bool:
     """Whether training packs windows (``data.packing``; null: where it is exact, the diffusiongemma family)."""
+    if recipe.drafter.family == "dflash":  # every window of a rollout in one drafter pass, always
+        return True
     return recipe.data.packing if recipe.data.packing is not None else recipe.drafter.family == "diffusiongemma"
 
 
@@ -393,11 +396,11 @@ def _check_recipe(recipe: Recipe) -> None:
     if recipe.drafter.family == "dream" and not recipe.drafter.trust_remote_code:
         raise RecipeError("recipe key drafter.trust_remote_code: Dream-style drafters ship their own modelling code; "
                           "set drafter.trust_remote_code: true")
-    if recipe.data.packing and recipe.drafter.family != "diffusiongemma":
+    if recipe.data.packing and recipe.drafter.family not in ("diffusiongemma", "dflash"):
         raise RecipeError(f"recipe key data.packing: true needs a causal prefix encoder (diffusiongemma); the "
                           f"{recipe.drafter.family} family re-reads its prefix bidirectionally, so windows cannot "
                           "share it: set data.packing: null (or false; distill.stride subsamples offsets)")
-    if recipe.distill.next_token_weight and not packing_on(recipe):
+    if recipe.distill.next_token_weight and not packing_on(recipe) and recipe.drafter.family != "dflash":
         raise RecipeError(f"recipe key distill.next_token_weight: got {recipe.distill.next_token_weight}; it reads the "
                           "packed prefix pass, and this recipe trains one window at a time (data.packing off or a "
                           f"{recipe.drafter.family} drafter): set distill.next_token_weight: 0 or data.packing: null")
@@ -410,6 +413,8 @@ def _check_recipe(recipe: Recipe) -> None:
                           "pass's next-token prediction, and distill.next_token_weight is 0, so nothing would train "
                           "that prediction; set distill.next_token_weight > 0 (1.0 in recipes/tiny.yaml) or "
                           "distill.first_token: canvas")
+    if recipe.drafter.family == "dflash":
+        _check_dflash(recipe)
     if recipe.distill.gamma > recipe.data.max_new_tokens:
         raise RecipeError(f"recipe key distill.gamma: got {recipe.distill.gamma}, longer than any rollout can be "
                           f"(data.max_new_tokens is {recipe.data.max_new_tokens}); lower distill.gamma or raise "
@@ -420,6 +425,22 @@ def _check_recipe(recipe: Recipe) -> None:
     if recipe.data.top_p <= 0:
         raise RecipeError("recipe key data.top_p: got 0; expected a number > 0")
 
+
+
+def _check_dflash(recipe: Recipe) -> None:
+    """What the feature-conditioned drafter cannot do: it drafts a block in one pass from the verifier's features,
+    and has no embeddings, prefix encoder or canvas of its own."""
+    d = recipe.distill
+    for key, value, fix in (("distill.denoise_steps", d.denoise_steps != 1, "1"),
+                            ("distill.next_token_weight", d.next_token_weight != 0, "0"),
+                            ("distill.first_token", d.first_token != "canvas", "canvas"),
+                            ("distill.canvas_seed", d.canvas_seed is not None, "null"),
+                            ("lora.r", recipe.lora.r != 0, "0"),
+                            ("drafter.freeze_embeddings", recipe.drafter.freeze_embeddings, "false"),
+                            ("data.packing", recipe.data.packing is False, "null")):
+        if value:
+            raise RecipeError(f"recipe key {key} does not apply to the dflash drafter (one pass over the verifier's "
+                              f"features; the verifier's embeddings and head, always frozen): set {key}: {fix}")
 
 if __name__ == "__main__":
     print(recipe_markdown(), end="")

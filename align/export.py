@@ -58,6 +58,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         "data_fingerprint": state.get("data_fingerprint"), "heldout": state.get("heldout", {}),
         "align_version": align.__version__, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+    if recipe.drafter.family == "dflash":  # the verifier it reads: loading refuses any other
+        meta["verifier_layers"] = model.config.target_layer_ids
+        meta["verifier_fingerprint"] = (state.get("data_fingerprint") or {}).get("verifier_fingerprint")
     with atomic_folder(out, f"the export into {out}") as partial:  # the previous export stays whole until then
         model.save_pretrained(str(partial), safe_serialization=True)
         tokenizer.save_pretrained(str(partial))

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
+from align.dflash.drafter import FAMILY as DFLASH
 from align.drafter import FAMILIES, FIRST_TOKEN, Drafter
+from align.models.dflash import ARCHITECTURE
 from align.errors import AlignError
 from align.verifier import Verifier
 from align.machine import default_device, usable_cores  # noqa: F401 (imported from here by callers)
@@ -58,11 +60,20 @@ def load_verifier_model(path: str, dtype: str = "float32", device: str | None = 
 def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_remote_code: bool = False,
                        device: str | None = None) -> tuple[Any, Any]:
     """(diffusion model, tokenizer) from ``path`` on ``device``, refusing a model that is not of ``family``."""
-    if family not in FAMILIES:
-        raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join(FAMILIES)}")
+    if family not in FAMILIES and family != DFLASH:
+        raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join([*FAMILIES, DFLASH])}")
     path = resolve(path)
     config = _config(path, "drafter", trust_remote_code)
     kind = config.model_type
+    dflash = ARCHITECTURE in (getattr(config, "architectures", None) or [])
+    if dflash != (family == DFLASH):
+        raise AlignError(f"the drafter '{path}' is {'a' if dflash else 'not a'} feature-conditioned (dflash) drafter: "
+                         f"set drafter.family: {'dflash' if dflash else infer_family(path, trust_remote_code)}")
+    if dflash:
+        from align.models.dflash import DFlashDraftModel
+
+        model = _weights(DFlashDraftModel, path, "drafter", dtype=DTYPES[dtype])
+        return (model.to(device) if device is not None else model).eval(), load_tokenizer(path, "drafter")
     if family == "diffusiongemma" and kind != "diffusion_gemma":
         raise AlignError(f"the drafter '{path}' is a {kind} model, not a DiffusionGemma block-diffusion model; "
                          "check drafter.path and drafter.family")
@@ -197,8 +208,27 @@ def infer_family(path: str, trust_remote_code: bool = False) -> str:
         if family:
             return family
     config = _config(path, "drafter", trust_remote_code)
+    if ARCHITECTURE in (getattr(config, "architectures", None) or []):
+        return DFLASH
     if config.model_type == "diffusion_gemma":
         return "diffusiongemma"
     if getattr(config, "auto_map", None) and "AutoModel" in config.auto_map:
         return "dream"
     return "mdlm"
+
+
+def load_dflash_drafter(path: str | Path, verifier_model: Any, vocab_size: int, dtype: str = "float32",
+                        device: str | torch.device | None = None, verifier_name: str = "the verifier") -> DFlashDrafter:
+    """A :class:`DFlashDrafter` from a saved folder, for ``verifier_model`` (checked against the drafter's meta)."""
+    from align.dflash.drafter import DFlashDrafter, check_verifier
+    from align.features import check_layers
+
+    check_verifier(path, verifier_model, verifier_name)
+    model, _ = load_drafter_model(str(path), FAMILY, dtype, device=device)
+    check_layers(verifier_model, model.config.target_layer_ids)
+    width = verifier_model.config.get_text_config().hidden_size
+    if (model.config.target_hidden_size or model.config.hidden_size) != width or model.config.hidden_size != width:
+        raise AlignError(f"the dflash drafter {path} is {model.config.hidden_size} wide and reads features "
+                         f"{model.config.target_hidden_size} wide, but the verifier is {width} wide: it shares the "
+                         "verifier's embeddings and head, so both must be the verifier's width")
+    return DFlashDrafter(model, verifier_model, vocab_size)

@@ -90,8 +90,16 @@ class SpeculativeDecoder:
         distributed as the verifier's temperature sampling. ``selection`` (an ``align.selection.Selection``)
         turns on K drafts per block.
         """
-        with grad_free(getattr(self.verifier, "lean", False)):
-            return self._generate(prompt, max_new_tokens, gamma, steps, temperature, seed, selection)
+        reads = getattr(self.drafter, "verifier_layers", None)  # a feature-conditioned drafter (align.dflash)
+        if reads:  # the verifier's passes hand over their hidden states; only while this generation runs
+            self.verifier.record(reads)
+            self.drafter.bind(self.verifier)
+        try:
+            with grad_free(getattr(self.verifier, "lean", False)):
+                return self._generate(prompt, max_new_tokens, gamma, steps, temperature, seed, selection)
+        finally:
+            if reads:
+                self.verifier.record(None)
 
     def _generate(self, prompt, max_new_tokens, gamma, steps, temperature, seed, selection) -> Generation:
         if gamma <= 0:
@@ -119,6 +127,8 @@ class SpeculativeDecoder:
                 room = min(room, limit - self.verifier.length - 1)
             g = min(gamma, room)
             prefix = torch.tensor([prompt + out.tokens], device=device)
+            if g and getattr(self.drafter, "needs_features", None) and self.drafter.needs_features(prefix.shape[1]):
+                g = 0  # the verifier runs the prompt first: its features are the drafter's context
             t0 = now(device)
             if g == 0:  # no room for a draft: one plain verifier step
                 logq, drafts = None, torch.zeros((1, 0), dtype=torch.long, device=device)

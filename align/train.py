@@ -48,7 +48,11 @@ from align.loading import (check_model_folder, default_device, load_drafter_mode
                            shared_vocab_size, usable_cores)
 from align.metrics import expected_streak
 from align.rollouts import generate_rollouts, rollout_meta
+from align.dflash import FAMILY as DFLASH, verifier_fingerprint
+from align.dflash.batch import drafter_logits as dflash_logits, make_batch as make_dflash_batch
+from align.dflash.batch import verifier_pass as dflash_verifier_pass
 from align.drafter import FAMILIES
+from align.features import check_layers
 from align.zoo import check_prompts, resolve
 
 # keys that may change between a run and its resumption; everything else must match
@@ -110,14 +114,19 @@ def main(argv: list[str]) -> int:
 
     # ----------------------------------------------------------------------------------------- models
     teacher = None
-    if recipe.distill.objective in NEEDS_TEACHER:  # whole on every process, loaded before ZeRO-3 could partition it
+    dflash = d.family == DFLASH  # the drafter reads the verifier's hidden states: the verifier runs every batch
+    if recipe.distill.objective in NEEDS_TEACHER or dflash:  # whole on every process, before ZeRO-3 could shard it
         teacher, _ = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype, default_device())
         teacher.requires_grad_(False)
     zero3 = Engine.prepare(recipe, world)  # ZeRO-3: parameters are sharded while the model loads
     weights_dtype = "bfloat16" if recipe.deepspeed.bf16 else "float32"
     model, _ = load_drafter_model(d.path, d.family, weights_dtype, d.trust_remote_code)
     mask_id = d.mask_token_id if d.mask_token_id is not None else drafter_tokenizer.mask_token_id
-    if FAMILIES[d.family].masked and mask_id is None:
+    if dflash:  # the drafter's own config names its mask token and the verifier layers it reads
+        mask_id = model.config.mask_token_id if d.mask_token_id is None else d.mask_token_id
+        check_layers(teacher, model.config.target_layer_ids)
+        data_fingerprint["verifier_fingerprint"] = verifier_fingerprint(teacher)
+    elif FAMILIES[d.family].masked and mask_id is None:
         raise AlignError(f"the {d.family} drafter needs a mask token: its tokenizer has none; set drafter.mask_token_id")
     if d.freeze_embeddings:
         freeze_embeddings(model)
@@ -135,6 +144,8 @@ def main(argv: list[str]) -> int:
     packed = packing_on(recipe)  # training windows share their rollout's encoder pass; evaluation stays per window
 
     def batch_of(pairs: torch.Tensor, pack: bool = False):
+        if dflash:  # every window of a rollout in one pass, for training and evaluation alike
+            return make_dflash_batch(rows, pairs, gamma).to(engine.device)
         make = make_packed if pack else make_windows
         return make(rows, pairs, gamma, recipe.data.max_prefix_len, d.family, mask_id, vocab, recipe.run.seed,
                     canvas_seed=recipe.distill.canvas_seed).to(engine.device)
@@ -142,6 +153,11 @@ def main(argv: list[str]) -> int:
     def forward(batch, self_conditioning=None, next_token=False):
         """The drafter's logits over its whole vocabulary (what self-conditioning reads); with ``next_token``, also
         its prefix pass's next-token logits (packed: at every response token; per window: after each prefix)."""
+        if dflash:  # one verifier pass gives the features (and the objective's teacher logits: batch.teacher)
+            features, batch.teacher = dflash_verifier_pass(teacher, model.config.target_layer_ids, batch, vocab,
+                                                           recipe.distill.objective in NEEDS_TEACHER)
+            return dflash_logits(engine.engine, teacher.get_input_embeddings(), teacher.get_output_embeddings(),
+                                 batch, features, mask_id, vocab)
         if hasattr(batch, "slots"):
             return packed_logits(engine.engine, batch, self_conditioning, next_token)
         return FAMILIES[d.family].canvas_logits(engine.engine, batch.prefix, batch.prefix_mask, batch.canvas,
@@ -235,7 +251,9 @@ def main(argv: list[str]) -> int:
                 loss = loss + next_weight * term.num / next_den
             if share:
                 target = None
-                if teacher is not None:
+                if dflash:
+                    target = batch.teacher  # from the pass that gave the features
+                elif teacher is not None:
                     target = (packed_teacher_logits if packed else teacher_logits)(teacher, batch, vocab)
                 term = loss_fn(logits, batch.labels, temperature, target)
                 loss = loss + share * term.num / dens[0]

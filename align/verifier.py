@@ -5,6 +5,10 @@ for every draft, the verifier's logits after each of its prefixes (γ + 1 rows: 
 token). K drafts share the cached prefix: they are laid side by side in one sequence with a tree-shaped attention
 mask (each draft sees the prefix and its own earlier tokens), so the prefix's KV cache is never copied. ``commit``
 rolls the cache back to what was accepted.
+
+``record(layers)`` keeps, beside the cache, the hidden states of those layers at every kept position
+(``features``, one row per position of the sequence the verifier has run): a feature-conditioned drafter
+(``align.dflash``) reads them, handed over by the passes that score its drafts.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from transformers import DynamicCache
 
 from align.drafter_pass import cache_keyword, forward_accepts, grad_free, lean_default
 from align.errors import AlignError
+from align.features import FeatureTap
 from align.metrics import now
 
 
@@ -48,6 +53,20 @@ class Verifier:
         self.pending: list[int] = []  # tokens of the sequence whose keys/values are not cached yet
         self.cached = 0  # tokens in the cache
         self._last: tuple[int, torch.Tensor] | None = None  # (pending length, drafts) of the last score call
+        self.tap: FeatureTap | None = None  # record(): the layers whose hidden states are kept
+        self.features: torch.Tensor | None = None  # (positions run and kept, F) while recording
+        self._rows: tuple[int, torch.Tensor] | None = None  # (first position, features) of the last score call
+
+    def record(self, layers: list[int] | None) -> None:
+        """Keep the hidden states after ``layers`` (0-based) at every kept position from now on (None: stop)."""
+        if self.tap is not None:
+            self.tap.close()
+        self.tap = FeatureTap(self.model, layers) if layers else None
+        self.features = None if self.tap is None else self._no_features()
+
+    def _no_features(self) -> torch.Tensor:
+        width = len(self.tap.layers) * self.model.config.get_text_config().hidden_size
+        return torch.zeros((0, width), dtype=self.model.dtype, device=self.device)
 
     @property
     def device(self) -> torch.device:
@@ -62,6 +81,8 @@ class Verifier:
         if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
             self.cache.activate_past_recording()  # sliding layers can then roll back
         self.pending, self.cached = list(prompt), 0
+        if self.tap is not None:
+            self.features = self._no_features()
 
     @property
     def length(self) -> int:
@@ -91,6 +112,8 @@ class Verifier:
             ids = torch.cat([pending.expand(k, -1), drafts], dim=1)
             logits = self._forward(ids, gamma + 1)
         self._last = (n, drafts)
+        if self.tap is not None:
+            self._rows = (self.cached, self.tap.take())
         return logits.float()
 
     def _forward(self, ids: torch.Tensor, keep: int, **kwargs) -> torch.Tensor:
@@ -122,6 +145,8 @@ class Verifier:
         """Keep the pending tokens and the first ``accepted`` tokens of draft ``index``; ``next_token`` is pending."""
         n, drafts = self._last
         k, gamma = drafts.shape
+        if self.tap is not None:
+            self._keep_features(n, index, accepted, k, gamma)
         if k == 1 or gamma == 0:
             self.cache.crop(-(gamma - accepted))
             self.cached += n + accepted
@@ -132,6 +157,18 @@ class Verifier:
         self.cache.crop(-(k * gamma) if self.tree_attention else -gamma)
         self.cached += n
         self.pending = drafts[index, :accepted].tolist() + [next_token]
+
+    def _keep_features(self, n: int, index: int, accepted: int, k: int, gamma: int) -> None:
+        """The last pass's features of the positions kept (its pending tokens, the accepted draft tokens) replace
+        whatever ``features`` held from that first position on (a tree pass's accepted tokens run again next)."""
+        start, rows = self._rows
+        if k == 1 or gamma == 0:
+            kept = rows[0, :n + accepted]
+        elif self.tree_attention:
+            kept = torch.cat([rows[0, :n], rows[0, n + index * gamma:n + index * gamma + accepted]])
+        else:
+            kept = rows[index, :n + accepted]
+        self.features = torch.cat([self.features[:start], kept])
 
 
 @dataclass

@@ -30,6 +30,7 @@ import align
 from align.config import SelectionConfig, build_recipe
 from align.errors import AlignError, run_cli
 from align.files import write_text
+from align.dflash import FAMILY as DFLASH
 from align.loading import (check_model_folder, default_device, drafting_of, infer_family, load_drafter_model,
                            load_verifier_model, shared_vocab_size)
 from align.lossless import lossless_counts
@@ -59,6 +60,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--baseline", default=None, help="drafter to compare with (default: meta.json's base drafter; "
                    "'none' to skip)")
     p.add_argument("--verifier", default=None, help="verifier path (default: meta.json's verifier)")
+    p.add_argument("--dflash-drafter", default=None, help="also measure this feature-conditioned drafter (an export "
+                   "of a dflash recipe, trained against the same verifier) in the same loop")
     p.add_argument("--ar-drafter", default=None, help="also measure this autoregressive drafter (python -m "
                    "align.baseline train): standard speculative decoding, label 'ar'")
     p.add_argument("--family", default=None, help="drafter family (default: meta.json's, or detected)")
@@ -140,7 +143,8 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]
     args.scorer = args.scorer or [selection.scorer]
     args.candidates = args.candidates or [selection.candidates]
     check_args(args)
-    for path, role in ((verifier, "verifier"), (baseline, "baseline drafter"), (args.ar_drafter, "AR drafter")):
+    for path, role in ((verifier, "verifier"), (baseline, "baseline drafter"), (args.ar_drafter, "AR drafter"),
+                       (args.dflash_drafter, "dflash drafter")):
         if path is not None:
             check_model_folder(path, role)
     return ckpt, baseline, verifier, family
@@ -184,10 +188,17 @@ def main(argv: list[str]) -> int:
                 for ids in tqdm(encoded, desc=f"verifier alone, temperature {temperature}", leave=False)]
         alone[(temperature, seed)] = (sum(len(r.tokens) for r in runs), sum(r.total_s for r in runs))
     results, saved = [], []
-    drafters = [("aligned", ckpt)] + ([("baseline", baseline)] if baseline else []) + \
-        ([("ar", args.ar_drafter)] if args.ar_drafter else [])
-    for label, path in drafters:
-        if label == "ar":
+    drafters = [("aligned", ckpt, family)] + ([("baseline", baseline, family)] if baseline else []) + \
+        ([("ar", args.ar_drafter, "ar")] if args.ar_drafter else []) + \
+        ([("dflash", args.dflash_drafter, DFLASH)] if args.dflash_drafter else [])
+    for label, path, kind in drafters:
+        if kind == DFLASH:  # it reads the verifier's features: refused unless it was trained on this verifier
+            from align.loading import load_dflash_drafter, load_tokenizer
+
+            vocab = shared_vocab_size(load_tokenizer(resolve(path), "dflash drafter"), tokenizer, path, verifier_path)
+            drafter = load_dflash_drafter(resolve(path), verifier_model, vocab, args.dtype, device, verifier_path)
+            model = drafter.model
+        elif kind == "ar":
             from align.baseline import load_ar_drafter
             from align.loading import load_tokenizer
 

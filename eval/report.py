@@ -17,7 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from align.files import atomic_path, write_text  # noqa: E402
 
-COLORS = {"baseline": "#9a9a9a", "aligned": "#1f6fb4", "ar": "#d62728"}
+COLORS = {"baseline": "#9a9a9a", "aligned": "#1f6fb4", "ar": "#d62728", "dflash": "#2ca02c"}
+LABELS = tuple(COLORS)  # the drafters a report can hold, in the order tables and plots show them
 
 
 def setting_name(r: dict[str, Any]) -> str:
@@ -81,7 +82,7 @@ def _main(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def category_table(main: dict[str, dict[str, Any]]) -> str:
-    labels = [l for l in ("baseline", "aligned", "ar") if l in main]
+    labels = [l for l in LABELS if l in main]
     any_result = next(iter(main.values()))
     head = "| category | verifier entropy (nats) | " + " | ".join(f"accepted ({l})" for l in labels) + " | " + \
         " | ".join(f"rejected in verifier top-5 ({l})" for l in labels) + " |"
@@ -139,7 +140,7 @@ def plot_per_position(main: dict[str, dict[str, Any]], path: Path) -> None:
 
 
 def plot_per_category(main: dict[str, dict[str, Any]], path: Path) -> None:
-    labels = [l for l in ("baseline", "aligned", "ar") if l in main]
+    labels = [l for l in LABELS if l in main]
     any_result = main[labels[0]]
     cats = sorted(any_result["per_category"], key=lambda c: any_result["verifier_entropy"].get(c) or 0)
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -161,7 +162,7 @@ def plot_per_category(main: dict[str, dict[str, Any]], path: Path) -> None:
 def plot_gamma(results: list[dict[str, Any]], path: Path) -> None:
     first = results[0]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for label in ("baseline", "aligned", "ar"):
+    for label in LABELS:
         rows = sorted((r for r in results if r["label"] == label and r["k"] == first["k"]
                        and r["temperature"] == first["temperature"] and r["steps"] == first["steps"]),
                       key=lambda r: r["gamma"])
@@ -225,7 +226,9 @@ def write_report(document: dict[str, Any], out: Path) -> list[Path]:
                 f"{document['max_new_tokens']} new tokens each). Verifier `{results[0]['verifier']}`; aligned drafter "
                 f"`{main['aligned']['drafter']}`" + (f"; baseline `{main['baseline']['drafter']}`" if "baseline" in main
                                                    else "") + (f"; AR drafter `{main['ar']['drafter']}` (standard "
-                                                               "speculative decoding)" if "ar" in main else "") + ".",
+                                                               "speculative decoding)" if "ar" in main else "") +
+                (f"; feature-conditioned drafter `{main['dflash']['drafter']}` (reads the verifier's hidden states)"
+                 if "dflash" in main else "") + ".",
                 "", "Environment: " + ", ".join(f"{k} {v}" for k, v in document["environment"].items()), "",
                 "`accepted_mean`: draft tokens the verifier kept per block (0..γ), pooled over the blocks that "
                 "drafted. `τ`: tokens per verifier call, pooled over every call (a block that an accepted EOS ends "

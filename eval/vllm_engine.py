@@ -107,7 +107,9 @@ def _child(config: dict[str, Any]) -> dict[str, Any]:
     from vllm.v1.metrics.reader import Vector
 
     spec = None
-    if config["drafter"]:
+    if config["drafter"] and config.get("family") == "dflash":  # vLLM's own dflash method loads the export as it is
+        spec = {"method": "dflash", "model": config["drafter"], "num_speculative_tokens": config["gamma"]}
+    elif config["drafter"]:
         spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": config["gamma"]}
     import torch
     from transformers import AutoTokenizer

@@ -52,6 +52,10 @@ def main(argv: list[str]) -> int:
             if name in REAL and "loss_last" not in meta:  # a converted verifier, or prompts
                 print(f"  zoo:{name}: {meta['description']}; built in {meta['seconds']:.0f} s")
                 continue
+            if "loss_last" not in meta and "scale" not in meta:  # random weights, nothing trained (tiny-dflash)
+                print(f"  zoo:{name}: {meta['description']}; {meta['parameters'] / 1e6:.2f}M parameters, random "
+                      "weights")
+                continue
             if "loss_last" not in meta:  # a random-weight replica
                 print(f"  zoo:{name}: {meta['description']}; {meta['parameters'] / 1e6:.1f}M parameters, "
                       f"{meta['tokens']} tokens, scale {meta['scale']}")

@@ -27,7 +27,7 @@ from align.prompts import encode_prompt
 from align.tinyworld.corpus import read_jsonl, write_world
 from align.tinyworld.tokenizer import train_tokenizer
 from align.zoo.registry import DEFAULT_BUILD, MODELS, REAL, cache_dir, is_built, model_dir, packages_dir, world_dir
-from align.zoo.models import BOS, EOS, PAD, diffusiongemma_model, mdlm_model, verifier_model
+from align.zoo.models import BOS, EOS, PAD, dflash_model, diffusiongemma_model, mdlm_model, verifier_model
 from align.zoo.real import REAL_BUILDS
 from align.zoo.replicas import REPLICAS, build_replica
 from align.zoo.pretrain import Doc, pretrain_drafter, pretrain_verifier
@@ -49,6 +49,9 @@ class ZooSpec:
         "tiny-diffusiongemma": {"hidden": 128, "layers": 3, "heads": 4, "steps": 200, "offsets": 2, "sliding": 2,
                                 "next_token": 1.0},
         "tiny-mdlm": {"hidden": 128, "layers": 3, "heads": 4, "steps": 1800},
+        # the feature-conditioned drafter (align.dflash): the verifier's width, reading its layers 1 and 2;
+        # random weights (no pretraining: it learns from the verifier's rollouts, as DFlash drafters do)
+        "tiny-dflash": {"layers": 1, "intermediate": 512, "target_layers": [1, 2], "steps": 0},
     })
     # drafters made from the real verifiers (align/zoo/derive.py), adapted on English text (align/zoo/adapt.py):
     # the verifier's first `layers` layers; `steps` batches of `batch_size` pieces of `seq` tokens
@@ -133,6 +136,17 @@ def _build(names: list[str] | None, spec: ZooSpec | None, force: bool) -> list[s
                 "name": name, "description": MODELS[name], "scale": spec.replica_scale,
                 "class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
                 "tokens": len(replica_tokenizer), "seconds": round(time.time() - start, 1)}, code)
+            built.append(name)
+            continue
+        if name == "tiny-dflash":  # random weights, sized from the verifier it reads
+            from transformers import AutoConfig
+
+            d = spec.drafters[name]
+            model = dflash_model(AutoConfig.from_pretrained(str(model_dir("tiny-verifier"))), d["target_layers"], tokenizer.mask_token_id, d["layers"],
+                                 d["intermediate"], seed=spec.seed)
+            _save(name, model, tokenizer, {
+                "name": name, "description": MODELS[name], "spec": dataclasses.asdict(spec),
+                "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.time() - start, 1)})
             built.append(name)
             continue
         docs = docs or tokenized_docs(tokenizer)

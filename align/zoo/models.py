@@ -67,3 +67,26 @@ def mdlm_model(vocab_size: int, hidden: int = 128, layers: int = 3, heads: int =
         attention_probs_dropout_prob=0.0, pad_token_id=PAD, type_vocab_size=1,
     )
     return BertForMaskedLM(config)
+
+
+def dflash_model(verifier_config, target_layer_ids: list[int], mask_token_id: int, layers: int = 1,
+                 intermediate: int | None = None, heads: int | None = None, kv_heads: int | None = None,
+                 head_dim: int | None = None, seed: int = 0):
+    """A feature-conditioned drafter (``align.models.dflash``) for a verifier of ``verifier_config``: its width
+    and rotary base (it shares the verifier's embeddings and head), reading the verifier's layers
+    ``target_layer_ids``; heads default to the verifier's."""
+    from align.models.dflash import DFlashConfig, DFlashDraftModel, rope_theta
+
+    torch.manual_seed(seed)
+    text = verifier_config.get_text_config()
+    heads = heads or text.num_attention_heads
+    config = DFlashConfig(
+        vocab_size=text.vocab_size, hidden_size=text.hidden_size, intermediate_size=intermediate or text.hidden_size,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
+        head_dim=head_dim or text.hidden_size // heads, max_position_embeddings=text.max_position_embeddings,
+        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6), tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta(text)},
+        target_hidden_size=text.hidden_size,
+        dflash_config={"mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids)},
+    )
+    return DFlashDraftModel(config)

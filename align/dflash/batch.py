@@ -1,0 +1,116 @@
+"""Training batches of the feature-conditioned drafter: every window of a rollout in one drafter pass.
+
+A window (row, t) is decoding's block after the prefix ``prompt ‖ response[:t]`` of length L: its first row is the
+prefix's last token at position s = L − 1, its γ mask rows are positions s + 1 .. s + γ and their labels
+``response[t:t+γ]`` (-100 past the end); its context is the verifier's features at positions 0 .. s − 1. Per
+micro-batch: one teacher-forced verifier pass over each rollout's ``prompt ‖ response`` (no gradient) gives the
+features of every position — and, for objectives that need them, the verifier's logits at each block position
+(the distribution it verifies against) — then one drafter pass per rollout runs all of its windows' rows at once,
+behind a mask that shows each block exactly what decoding shows it: the context before s, and its own rows
+(bidirectionally). The prompt is never cut: the verifier reads all of it at decoding, and so does the drafter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from align.features import FeatureTap
+
+
+@dataclass
+class DFlashBatch:
+    ids: torch.Tensor  # (R, S) each rollout's prompt ‖ response, right-padded with 0
+    attention: torch.Tensor  # (R, S) 1 on the rollout's tokens
+    starts: torch.Tensor  # (R, W) position s of each window's first row; -1 pads
+    labels: torch.Tensor  # (N, γ) per window, in the order the windows were given; -100 past the end
+    slots: torch.Tensor  # (N,) index r · W + w of window n in the (R, W) layout
+    teacher: torch.Tensor | None = None  # (N, γ, V) the verifier's logits, once its pass has run (training)
+
+    def to(self, device) -> "DFlashBatch":
+        return DFlashBatch(*(getattr(self, f.name).to(device) for f in fields(self) if f.name != "teacher"))
+
+    @property
+    def gamma(self) -> int:
+        return self.labels.shape[1]
+
+
+def make_batch(rollouts, pairs: torch.Tensor, gamma: int) -> DFlashBatch:
+    """Collate windows ``pairs`` (rows of (rollout row, offset t)) of ``rollouts`` (rows with prompt_ids and
+    response_ids), grouped by rollout."""
+    groups: dict[int, list[int]] = {}
+    for row, t in pairs.tolist():
+        groups.setdefault(row, []).append(t)
+    seqs = [rollouts[row]["prompt_ids"] + rollouts[row]["response_ids"] for row in groups]
+    width, most = max(map(len, seqs)), max(map(len, groups.values()))
+    ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    starts = torch.full((len(seqs), most), -1, dtype=torch.long)
+    slot_of = {}
+    for r, ((row, ts), seq) in enumerate(zip(groups.items(), seqs)):
+        ids[r, :len(seq)] = torch.tensor(seq)
+        attention[r, :len(seq)] = 1
+        prompt = len(rollouts[row]["prompt_ids"])
+        for w, t in enumerate(ts):
+            starts[r, w] = prompt + t - 1
+            slot_of[(row, t)] = r * most + w
+    labels = torch.full((len(pairs), gamma), -100, dtype=torch.long)
+    slots = torch.empty(len(pairs), dtype=torch.long)
+    for n, (row, t) in enumerate(pairs.tolist()):
+        target = rollouts[row]["response_ids"][t:t + gamma]
+        labels[n, :len(target)] = torch.tensor(target, dtype=torch.long)
+        slots[n] = slot_of[(row, t)]
+    return DFlashBatch(ids, attention, starts, labels, slots)
+
+
+@torch.no_grad()
+def verifier_pass(verifier, layers: list[int], batch: DFlashBatch, vocab: int,
+                  teacher: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The verifier over every rollout once: its features (R, S, F) and, with ``teacher``, its logits (N, γ, V) at
+    each window's block positions s .. s + γ − 1 (those that predict the labels)."""
+    with FeatureTap(verifier, layers) as tap:
+        out = verifier(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False)
+        features = tap.take()
+    if not teacher:
+        return features, None
+    g = batch.gamma
+    starts = batch.starts.reshape(-1)[batch.slots]  # (N,)
+    rows = torch.div(batch.slots, batch.starts.shape[1], rounding_mode="floor")
+    at = (starts[:, None] + torch.arange(g, device=starts.device)).clamp(max=batch.ids.shape[1] - 1)
+    return features, out.logits[rows[:, None], at][..., :vocab].float()
+
+
+def block_layout(batch: DFlashBatch, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The drafter pass's inputs for every rollout: block token ids and positions (R, W · (γ + 1)), and the mask
+    (R, 1, W · (γ + 1), S + W · (γ + 1)), True where a row may look."""
+    r, w = batch.starts.shape
+    g1, width = batch.gamma + 1, batch.ids.shape[1]
+    device = batch.ids.device
+    starts = batch.starts.clamp(min=0)
+    offsets = torch.arange(g1, device=device)
+    positions = (starts[..., None] + offsets).reshape(r, w * g1)
+    first = batch.ids.gather(1, starts)  # (R, W): the token at s
+    ids = torch.full((r, w, g1), mask_token_id, dtype=torch.long, device=device)
+    ids[..., 0] = first
+    window = torch.arange(w, device=device).repeat_interleave(g1)  # each row's window
+    row_start = starts.repeat_interleave(g1, dim=1)  # (R, Q)
+    context = (torch.arange(width, device=device)[None, None] < row_start[..., None]) & batch.attention.bool()[:, None]
+    own = (window[:, None] == window[None, :])[None].expand(r, -1, -1)
+    return ids.reshape(r, w * g1), positions, torch.cat([context, own], dim=-1)[:, None]
+
+
+def drafter_logits(model, embed, head, batch: DFlashBatch, features: torch.Tensor, mask_token_id: int,
+                   vocab: int) -> torch.Tensor:
+    """The drafter's logits (N, γ, V) of every window of ``batch``, in the order of ``batch.labels``: one pass per
+    micro-batch over all rollouts' blocks. ``embed`` and ``head`` are the verifier's (frozen; the gradient passes
+    through the head to the drafter)."""
+    ids, positions, mask = block_layout(batch, mask_token_id)
+    dtype = next(model.parameters()).dtype
+    feature_positions = torch.arange(batch.ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+    hidden = model(embed(ids).to(dtype), positions, mask=mask, features=features.to(dtype),
+                   feature_positions=feature_positions)
+    r, w = batch.starts.shape
+    g = batch.gamma
+    rows = hidden.reshape(r * w, g + 1, -1)[batch.slots, 1:]  # (N, γ, H): the mask rows
+    return head(rows.to(head.weight.dtype))[..., :vocab]

@@ -1,0 +1,123 @@
+"""The feature-conditioned drafter at decoding time, behind the diffusion drafter's interface.
+
+:class:`DFlashDrafter` drafts a block in one pass of its few layers: the block is the prefix's last token (the
+verifier's correction or bonus, which the verifier has not run yet) and γ mask tokens, at the positions after the
+prefix, over a context of the verifier's own features at every earlier position (``Verifier.record``: the passes
+that score the drafts hand them over). The context's keys and values are kept per layer and grow with the accepted
+positions; a shorter prefix (a new sequence, or one rolled back) crops them. Its rows are independent given the
+prefix, so a draft drawn row by row from :meth:`marginals` has exactly those probabilities (the q of lossless
+sampling), as self-selection's K candidates do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from align.errors import AlignError
+
+FAMILY = "dflash"
+
+
+class DFlashDrafter:
+    """Drafts from the verifier's features; ``bind(verifier)`` before each sequence (the decoder does it)."""
+
+    family = FAMILY
+
+    def __init__(self, model: Any, verifier_model: Any, vocab_size: int):
+        self.model = model.eval()
+        self.config = model.config
+        self.verifier_layers = self.config.target_layer_ids
+        mask = self.config.mask_token_id
+        if mask is None:
+            raise AlignError("the dflash drafter's config names no mask token (dflash_config.mask_token_id)")
+        self.mask_token_id = int(mask)
+        self.embed = verifier_model.get_input_embeddings()
+        self.head = verifier_model.get_output_embeddings()
+        self.vocab_size = vocab_size
+        self.verifier = None
+        self.reset()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def bind(self, verifier: Any) -> None:
+        """Read the features ``verifier`` records (its ``record`` must be on the drafter's layers)."""
+        self.verifier = verifier
+        self.reset()
+
+    def reset(self) -> None:
+        self.context: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer (keys, values)
+        self.cached = 0  # positions in the context
+
+    def needs_features(self, prefix_length: int) -> bool:
+        """Whether the verifier has yet to run the prefix (but its last token): no block can be drafted before."""
+        features = None if self.verifier is None else self.verifier.features
+        return features is None or features.shape[0] < prefix_length - 1
+
+    def _extend(self, length: int) -> None:
+        """The context's keys and values for positions 0..length-1 (computing only the new ones)."""
+        if self.cached > length:
+            self.context = [(k[:, :, :length], v[:, :, :length]) for k, v in self.context]
+            self.cached = length
+        if self.cached == length:
+            return
+        rows = self.verifier.features[self.cached:length].to(self.model.dtype)[None]
+        positions = torch.arange(self.cached, length, device=self.device)[None]
+        new = self.model.context(rows, positions)
+        self.context = new if self.context is None else [
+            (torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(self.context, new)]
+        self.cached = length
+
+    @torch.no_grad()
+    def marginals(self, prefix: torch.Tensor, gamma: int, steps: int = 1, temperature: float = 0.0,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+        """Log-probabilities (1, γ, V) of the γ positions after ``prefix`` (1, L), one drafter pass."""
+        if steps != 1:
+            raise AlignError(f"the dflash drafter fills a block in one pass: steps (T) must be 1, got {steps}")
+        if prefix.shape[0] != 1:
+            raise AlignError("the dflash drafter decodes one sequence at a time (batch 1)")
+        length = prefix.shape[1]
+        if self.needs_features(length):
+            raise AlignError("the verifier has not run this prefix yet: decode through align.speculative, which "
+                             "records the verifier's features and runs the prompt before the first block")
+        self._extend(length - 1)
+        ids = torch.cat([prefix[0, -1:], torch.full((gamma,), self.mask_token_id, device=prefix.device)])
+        embeds = self.embed(ids[None]).to(self.model.dtype)
+        positions = torch.arange(length - 1, length + gamma, device=self.device)[None]
+        hidden = self.model(embeds, positions, context=self.context)[:, 1:]
+        logits = self.head(hidden.to(self.head.weight.dtype))[..., :self.vocab_size]
+        return logits.float().log_softmax(-1)
+
+
+def verifier_fingerprint(model: Any) -> str:
+    """A fingerprint of a verifier's weights: SHA-256 over every tensor's name, shape and a fixed sample of its
+    values (4,096 evenly spaced, rounded to bfloat16, so the same weights in float32 or bfloat16 agree). Two checkpoints of one architecture that differ anywhere but in a few
+    isolated weights get different fingerprints; it reads a few MB whatever the model's size."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // 4096)
+        sample = flat[::step][:4096].to(torch.bfloat16).float().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}".encode())
+        digest.update(sample.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_verifier(path: str | Path, verifier_model: Any, verifier_name: str) -> None:
+    """Refuse a verifier other than the one a dflash drafter was trained to read (its meta.json says which)."""
+    meta_file = Path(path) / "meta.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    expected = meta.get("verifier_fingerprint")
+    if expected is None:
+        return  # a base drafter, never trained against any verifier
+    found = verifier_fingerprint(verifier_model)
+    if found != expected:
+        raise AlignError(f"the dflash drafter {path} reads the hidden states of the verifier {meta.get('verifier')} "
+                         f"(fingerprint {expected}), but {verifier_name} is another model (fingerprint {found}); "
+                         "pass the verifier it was trained with, or train a drafter for this one")

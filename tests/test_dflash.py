@@ -1,0 +1,143 @@
+"""The feature-conditioned drafter (align.dflash): lossless decoding, what decoding drafts equals what training
+computes, the verifier it reads, its trainable size."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from align.dflash import DFlashDrafter, check_verifier, verifier_fingerprint
+from align.dflash.batch import drafter_logits, make_batch, verifier_pass
+from align.errors import AlignError
+from align.lossless import chi_square_p
+from align.selection import make_selection
+from align.speculative import SpeculativeDecoder
+from align.verifier import Verifier, ar_generate
+from align.zoo.models import dflash_model, verifier_model
+from test_sampling import exact_distribution
+
+MASK = 3
+
+
+def pair(seed: int, vocab: int = 64, layers=(0, 1), dtype=torch.float64):
+    """A 3-layer random verifier and a random 1-layer drafter reading ``layers`` of it (grouped-query attention)."""
+    verifier = verifier_model(vocab, hidden=32, layers=3, heads=2, max_len=256, seed=seed).to(dtype).eval()
+    model = dflash_model(verifier.config, list(layers), MASK, layers=1, intermediate=64, kv_heads=1,
+                         seed=seed + 100).to(dtype).eval()
+    return verifier, model
+
+
+def test_greedy_decoding_is_the_verifiers_own_output():
+    """Random pairs, γ 1/4/16, K 1 and 4 (a tree pass), EOS inside and never reached; a small vocabulary so that
+    blocks are accepted in part, and a larger one."""
+    accepted = []
+    for seed in range(2):
+        for vocab in (8, 64):
+            verifier, model = pair(seed, vocab)
+            drafter, checker = DFlashDrafter(model, verifier, vocab), Verifier(verifier)
+            for gamma in (1, 4, 16):
+                rng = random.Random(seed * 100 + gamma + vocab)
+                prompt = [rng.randrange(4, vocab) for _ in range(rng.randint(1, 9))]
+                free = ar_generate(verifier, prompt, 32, eos_token_ids=[])
+                eos = free[rng.randrange(1, 24)]
+                for eos_ids, expected in (([eos], free[:free.index(eos) + 1]), ([], free)):
+                    for k in (1, 4):
+                        selection = make_selection(k=k) if k > 1 else None
+                        out = SpeculativeDecoder(drafter, checker, eos_ids).generate(prompt, 32, gamma,
+                                                                                     selection=selection)
+                        assert out.tokens == expected, (seed, vocab, gamma, eos_ids, k)
+                        accepted += [b.accepted for b in out.stats.blocks if b.gamma]
+            assert checker.tap is None  # the hooks are gone once a generation ends
+    assert max(accepted) >= 2 and 0 in accepted
+
+
+def test_what_decoding_drafts_is_what_training_computes():
+    """Every block decoding drafted (its context cache grown block by block, rolled back, and handed over by tree
+    passes) equals the training pass over the same prefix: one teacher-forced verifier pass, all windows at once."""
+    verifier, model = pair(1, vocab=8)
+    drafter = DFlashDrafter(model, verifier, 8)
+    drafted = []
+    original = drafter.marginals
+
+    def recording(prefix, gamma, *args, **kwargs):
+        logq = original(prefix, gamma, *args, **kwargs)
+        drafted.append((prefix[0].tolist(), logq[0]))
+        return logq
+
+    drafter.marginals = recording
+    prompt, gamma = [4, 5, 6, 7], 4
+    for k in (1, 3):
+        SpeculativeDecoder(drafter, Verifier(verifier), []).generate(
+            prompt, 30, gamma, selection=make_selection(k=k) if k > 1 else None)
+    assert len(drafted) > 10
+    for prefix, logq in drafted:
+        g = logq.shape[0]  # the last blocks are shorter
+        rollouts = [{"prompt_ids": prompt, "response_ids": prefix[len(prompt):] + [0] * g}]
+        batch = make_batch(rollouts, torch.tensor([[0, len(prefix) - len(prompt)]]), g)
+        features, _ = verifier_pass(verifier, model.config.target_layer_ids, batch, 8)
+        logits = drafter_logits(model, verifier.get_input_embeddings(), verifier.get_output_embeddings(), batch,
+                                features, MASK, 8)
+        torch.testing.assert_close(logits[0].float().log_softmax(-1), logq, atol=1e-6, rtol=0)  # float32 rows
+
+
+def test_all_windows_of_a_rollout_in_one_pass_equal_each_window_alone():
+    """The training mask shows each block only its context and its own rows: windows of several rollouts in one
+    batch give what each gives alone, and the teacher logits are the verifier's at the block positions."""
+    verifier, model = pair(2)
+    rng = random.Random(0)
+    rollouts = [{"prompt_ids": [rng.randrange(4, 64) for _ in range(n)],
+                 "response_ids": [rng.randrange(4, 64) for _ in range(m)]} for n, m in ((3, 20), (7, 12))]
+    pairs = torch.tensor([[0, 0], [1, 5], [0, 7], [0, 15], [1, 0], [1, 11]])
+    embed, head = verifier.get_input_embeddings(), verifier.get_output_embeddings()
+    batch = make_batch(rollouts, pairs, 6)
+    features, teacher = verifier_pass(verifier, [0, 1], batch, 64, teacher=True)
+    together = drafter_logits(model, embed, head, batch, features, MASK, 64)
+    for n, (row, t) in enumerate(pairs.tolist()):
+        alone = make_batch(rollouts, pairs[n:n + 1], 6)
+        f, _ = verifier_pass(verifier, [0, 1], alone, 64)
+        torch.testing.assert_close(together[n], drafter_logits(model, embed, head, alone, f, MASK, 64)[0])
+        item = rollouts[row]
+        ids = torch.tensor([item["prompt_ids"] + item["response_ids"]])
+        full = verifier(input_ids=ids).logits[0]
+        s = len(item["prompt_ids"]) + t - 1
+        valid = min(6, len(item["response_ids"]) - t)
+        torch.testing.assert_close(teacher[n, :valid], full[s:s + valid].float())
+        assert (batch.labels[n, :valid] == torch.tensor(item["response_ids"][t:t + valid])).all()
+        assert (batch.labels[n, valid:] == -100).all()
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_sampling_is_the_verifiers_distribution(k):
+    """Speculative sampling's first three tokens against the verifier's exact distribution (chi-square), with one
+    draft and with K = 2 candidates (recursive rejection)."""
+    vocab, prompt = 8, [4, 5, 6]
+    verifier, model = pair(3, vocab)
+    decoder = SpeculativeDecoder(DFlashDrafter(model, verifier, vocab), Verifier(verifier), [])
+    selection = make_selection(k=k, drafter_temperature=1.0) if k > 1 else None
+    n = 3_000
+    counts = Counter(tuple(decoder.generate(prompt, 3, gamma=2, temperature=1.0, seed=s, selection=selection).tokens)
+                     for s in range(n))
+    assert chi_square_p(counts, exact_distribution(verifier, 1.0, prompt, vocab), n) > 1e-3
+
+
+def test_a_different_verifier_is_refused(tmp_path):
+    verifier, _ = pair(0)
+    other, _ = pair(1)
+    assert verifier_fingerprint(verifier) == verifier_fingerprint(verifier.to(torch.bfloat16).double())
+    assert verifier_fingerprint(verifier) != verifier_fingerprint(other)
+    (tmp_path / "meta.json").write_text(json.dumps({"verifier": "zoo:a", "verifier_fingerprint":
+                                                    verifier_fingerprint(verifier)}))
+    check_verifier(tmp_path, verifier, "zoo:a")
+    with pytest.raises(AlignError, match="reads the hidden states of the verifier zoo:a"):
+        check_verifier(tmp_path, other, "zoo:b")
+
+
+def test_layers_the_verifier_cannot_hand_over_are_refused():
+    verifier, _ = pair(0)
+    for layers in ([2], [0, 5], [-1]):
+        with pytest.raises(AlignError, match="target_layer_ids"):
+            Verifier(verifier).record(layers)
