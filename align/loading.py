@@ -224,7 +224,7 @@ def load_dflash_drafter(path: str | Path, verifier_model: Any, vocab_size: int, 
     from align.features import check_layers
 
     check_verifier(path, verifier_model, verifier_name)
-    model, _ = load_drafter_model(str(path), FAMILY, dtype, device=device)
+    model, _ = load_drafter_model(str(path), DFLASH, dtype, device=device)
     check_layers(verifier_model, model.config.target_layer_ids)
     width = verifier_model.config.get_text_config().hidden_size
     if (model.config.target_hidden_size or model.config.hidden_size) != width or model.config.hidden_size != width:

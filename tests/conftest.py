@@ -65,7 +65,7 @@ def tokenizer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory, tokenizer_dir):
-    """Saved tiny verifier and drafters of all three families, each with the shared tokenizer."""
+    """Saved tiny verifier and drafters of every family, each with the shared tokenizer."""
     from transformers import AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -84,6 +84,12 @@ def model_dirs(tmp_path_factory, tokenizer_dir):
             model.save_pretrained(path)
         tokenizer.save_pretrained(path)
         dirs[name] = path
+    from align.zoo.models import dflash_model  # reads the verifier's layer 0 (of 2)
+
+    dflash = dflash_model(verifier.config, [0], MASK, layers=1, intermediate=64, kv_heads=1, seed=1)
+    dflash.save_pretrained(root / "dflash")
+    tokenizer.save_pretrained(root / "dflash")
+    dirs["dflash"] = root / "dflash"
     return dirs
 
 

@@ -141,3 +141,35 @@ def test_layers_the_verifier_cannot_hand_over_are_refused():
     for layers in ([2], [0, 5], [-1]):
         with pytest.raises(AlignError, match="target_layer_ids"):
             Verifier(verifier).record(layers)
+
+
+def test_trained_exported_evaluated_and_refused_against_another_verifier(model_dirs, world_prompts, tmp_path):
+    """The real CLI end to end: two steps of align/train.py, the export's meta naming the verifier's layers and
+    fingerprint, eval.acceptance decoding losslessly with it beside the verifier alone, and the same export refused
+    against another verifier (with the same tokenizer) before any decoding."""
+    from transformers import AutoTokenizer
+
+    from conftest import tiny_verifier
+    from eval.acceptance import main as acceptance
+    from test_train import overrides, run_main
+
+    out = tmp_path / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, "dflash", **{"train.max_steps": 2})) == 0
+    meta = json.loads((out / "final" / "meta.json").read_text())
+    assert meta["family"] == "dflash" and meta["verifier_layers"] == [0] and len(meta["verifier_fingerprint"]) == 16
+    common = ["--ckpt", str(out / "final"), "--prompts", str(world_prompts), "--limit", "3", "--gamma", "4",
+              "--max-new-tokens", "12", "--baseline", "none"]
+    threads = torch.get_num_threads()
+    try:
+        assert acceptance([*common, "--out", str(tmp_path / "eval")]) == 0
+        results = json.loads((tmp_path / "eval" / "acceptance.json").read_text())["results"]
+        assert results and all(r["lossless"] for r in results) and results[0]["label"] == "aligned"
+        other = tmp_path / "other-verifier"
+        tiny_verifier(seed=7, vocab=len(AutoTokenizer.from_pretrained(model_dirs["verifier"])),
+                      dtype=torch.float32).save_pretrained(other)
+        AutoTokenizer.from_pretrained(model_dirs["verifier"]).save_pretrained(other)
+        with pytest.raises(AlignError, match="reads the hidden states of the verifier"):
+            acceptance([*common, "--verifier", str(other), "--out", str(tmp_path / "eval-other")])
+    finally:
+        torch.set_num_threads(threads)
+    assert not (tmp_path / "eval-other" / "acceptance.json").exists()

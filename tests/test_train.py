@@ -39,6 +39,8 @@ def overrides(model_dirs, prompts, out, family="diffusiongemma", **extra) -> lis
     if family != "diffusiongemma":  # recipes/tiny.yaml's next-token term and first token read DiffusionGemma's
         base["distill.next_token_weight"] = 0  # causal prefix pass
         base["distill.first_token"] = "canvas"
+    if family == "dflash":  # no canvas of its own
+        base["distill.canvas_seed"] = "null"
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
 
@@ -156,6 +158,8 @@ def test_two_processes_follow_the_one_process_loss_curve(model_dirs, world_promp
     ("diffusiongemma", {"distill.objective": "kd", "deepspeed.zero_stage": 3, "lora.r": 4}),
     ("diffusiongemma", {"distill.objective": "margin", "distill.ce_weight": 1.0, "distill.schedule": "anneal"}),
     ("mdlm", {"distill.objective": "sampled_streak", "distill.schedule": "switch"}),
+    ("dflash", {"distill.objective": "tv"}),  # its teacher logits come from the pass that gives the features
+    ("dflash", {"distill.objective": "streak_ce", "deepspeed.zero_stage": 2}),
 ])
 def test_every_family_and_objective_trains(model_dirs, world_prompts, tmp_path, family, extra):
     out = tmp_path / "run"
