@@ -77,6 +77,17 @@ def bf16_counts(document: dict[str, Any] | None) -> str:
             f"{c.get('near_tie')} near-tie, {c.get('mismatch')} mismatch (accepted_mean {r['accepted_mean']:.2f})")
 
 
+def fp32_counts(documents: list[dict[str, Any]]) -> str:
+    """The verdicts of every greedy float32 generation of the pair's evaluations (each drafter, every setting)."""
+    totals = {"exact": 0, "near_tie": 0, "mismatch": 0}
+    for document in documents:
+        for r in document["results"]:
+            for key in totals:
+                totals[key] += (r.get("lossless_counts") or {}).get(key) or 0
+    return (f"float32, greedy, every drafter and setting of the suites above: {totals['exact']} exact, "
+            f"{totals['near_tie']} near-tie, {totals['mismatch']} mismatch")
+
+
 def write_real_report(out: Path, pairs: list[str], times: dict[str, float]) -> Path:
     sections = ["# make real: the real pairs", "", "## Stages (seconds, 2 CPU cores)", "",
                 "| stage | seconds |", "|---|---|"]
@@ -97,7 +108,8 @@ def write_real_report(out: Path, pairs: list[str], times: dict[str, float]) -> P
         if probe:
             sections += ["### The probe's eight prompts beside the seed's figures", "", probe_vs_seed(probe), "",
                          "### The probe, every setting", "", summary_table(probe["results"]), ""]
-        sections += ["### Lossless", "", bf16_counts(_document(out / "eval" / f"{pair}-bf16")), ""]
+        sections += ["### Lossless", "", fp32_counts([d for d in (probe, spec) if d]), "",
+                     bf16_counts(_document(out / "eval" / f"{pair}-bf16")), ""]
         check = out / f"{pair}-sampling.json"
         if check.is_file():
             sections += [_sampling(json.loads(check.read_text())), ""]
