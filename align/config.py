@@ -96,7 +96,7 @@ class DataConfig:
 class DistillConfig:
     objective: str = option("ce", "Training loss (align/distill/losses.py; the measured ranking: README, Benchmarks).",
                             choices=("streak", "ce_streak", "ce", "kd", "tv", "streak_ce", "first_failure", "margin",
-                                     "sampled_streak"))
+                                     "sampled_streak", "decayed_ce"))
     gamma: int = option(16, "Block length: canvas positions per window.", min=1, max=256)
     temperature: float = option(1.0, "Deployment temperature applied to the drafter's logits inside q.", min=1e-3)
     ce_weight: float = option(0.0, "Weight of an added plain cross-entropy term (0: the objective alone).", min=0.0)
@@ -104,6 +104,8 @@ class DistillConfig:
                               min=0.0, max=1.0)
     after_failure: float = option(0.1, "first_failure: weight of positions after the drafter's first greedy failure.",
                                   min=0.0, max=1.0)
+    decay: float = option(7.0, "decayed_ce: γ' of the position weights exp(-(k - 1) / γ') (7 for blocks of 16).",
+                          min=1e-3)
     schedule: str = option("constant", "constant: the objective throughout; switch: ce, then the objective; anneal: "
                            "ce blending linearly into the objective.", choices=("constant", "switch", "anneal"))
     schedule_fraction: float = option(0.5, "Fraction of train.max_steps before the switch, or over which to anneal.",

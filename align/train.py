@@ -382,7 +382,7 @@ def objective_fn(recipe: Recipe):
     """The recipe's loss with its own keys bound: ``fn(logits, labels, temperature, teacher) -> LossTerm``."""
     d = recipe.distill
     options = {"streak_ce": {"smoothing": d.smoothing}, "margin": {"smoothing": d.smoothing},
-               "first_failure": {"after_failure": d.after_failure}}.get(d.objective, {})
+               "first_failure": {"after_failure": d.after_failure}, "decayed_ce": {"decay": d.decay}}.get(d.objective, {})
     return functools.partial(LOSSES[d.objective], **options)
 
 

@@ -128,6 +128,19 @@ def test_streak_ce_at_lambda_zero_is_position_decayed_cross_entropy():
     assert torch.allclose(term.num, 6 * log4) and float(term.den) == 6
 
 
+def test_decayed_ce_weighs_position_k_by_exp_minus_k_minus_1_over_decay():
+    from align.distill.losses import decayed_ce_loss
+
+    labels = torch.tensor([[1, 2, 3, 0], [1, 2, -100, -100]])
+    logits = torch.randn(2, 4, 4, dtype=torch.float64)
+    term = decayed_ce_loss(logits, labels, decay=2.0)
+    logq = logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    w = torch.exp(-torch.arange(4, dtype=torch.float64) / 2.0)
+    expected = -(w * logq[0]).sum() - (w[:2] * logq[1, :2]).sum()
+    assert torch.allclose(term.num, expected) and float(term.den) == 6
+    assert not torch.allclose(decayed_ce_loss(logits, labels, decay=1e6).num, expected)  # the decay matters
+
+
 def test_first_failure_weighs_positions_after_the_first_greedy_miss_by_epsilon():
     labels = torch.tensor([[1, 2, 3, 0]])
     logits = torch.zeros(1, 4, 4, dtype=torch.float64)

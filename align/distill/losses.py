@@ -203,6 +203,22 @@ def ce_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
     return LossTerm(-token_logprobs(logits, labels, temperature).sum(), (labels >= 0).sum().double())
 
 
+def decayed_ce_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, teacher=None,
+                    decay: float = 7.0) -> LossTerm:
+    """Cross-entropy with fixed weights that decay with the block position (the open DFlash trainers'):
+
+        L = -(1/M) Σ_{valid (window, k)} w_k · log q_k(x_k),   w_k = exp(-(k - 1) / γ'),  γ' = ``decay``
+                                                                            den = M positions.
+
+    Early positions, which every accepted streak needs, weigh most; γ' = 7 for blocks of 16.
+    """
+    valid = labels >= 0
+    k = torch.arange(labels.shape[1], device=labels.device, dtype=torch.float64)
+    weights = torch.exp(-k / decay)[None] * valid
+    return LossTerm(-(weights.to(logits.dtype) * token_logprobs(logits, labels, temperature)).sum(),
+                    valid.sum().double())
+
+
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> LossTerm:
     """Next-token cross-entropy on the drafter's prefix pass (packed training; logits (P, V), labels (P,)):
 
@@ -294,6 +310,6 @@ def sampled_streak_loss(logits: torch.Tensor, labels: torch.Tensor, temperature:
 
 LOSSES = {"streak": streak_loss, "ce_streak": ce_streak_loss, "ce": ce_loss, "kd": kd_loss, "tv": tv_loss,
           "streak_ce": streak_ce_loss, "first_failure": first_failure_loss, "margin": margin_loss,
-          "sampled_streak": sampled_streak_loss}
+          "sampled_streak": sampled_streak_loss, "decayed_ce": decayed_ce_loss}
 NEEDS_TEACHER = {"kd", "tv", "sampled_streak"}
 PER_WINDOW = {"streak", "ce_streak", "sampled_streak"}  # den = windows; the others average over positions
