@@ -7,6 +7,8 @@
     python bench/objectives.py --recipe recipes/smollm2-dream.yaml --regimes both --lrs 3e-4,1e-3 --steps 40 \
         --objectives ce,streak_ce,streak,first_failure,tv --extra "train.global_batch_size=8 train.warmup_steps=5" \
         --decode 0   # the real pair (docs/results.md)
+    python bench/objectives.py --recipe recipes/tiny-dflash.yaml --regimes both --lrs 1e-3,2e-3,4e-3 --steps 200 \
+        --objectives ce,decayed_ce,streak_ce,tv,tv+ce   # the feature-conditioned drafter (docs/dflash.md)
 
 Protocol. Every run trains the recipe for ``--steps`` optimizer steps on the same windows in the same order (only
 the objective's keys, ``train.lr`` and ``run.seed`` change). Learning rate: seed 0 is trained at every rate in
@@ -55,6 +57,8 @@ VARIANTS = {
     "sampled_streak": ["distill.objective=sampled_streak"],
     "sampled_streak+ce": ["distill.objective=sampled_streak", "distill.ce_weight=1.0"],
     "ce-then-tv": ["distill.objective=tv", "distill.schedule=switch"],
+    "decayed_ce": ["distill.objective=decayed_ce"],  # the open DFlash trainers' position-decayed CE (γ' 7)
+    "tv+ce": ["distill.objective=tv", "distill.ce_weight=0.111"],  # DSpark's 0.1·CE + 0.9·TV, scaled by 1/0.9
     "ce-T2": ["distill.objective=ce", "distill.denoise_steps=2"],  # trained for drafting in 2 denoising steps
     "ce-T4": ["distill.objective=ce", "distill.denoise_steps=4"],
 }
