@@ -110,7 +110,7 @@ def test_all_windows_of_a_rollout_in_one_pass_equal_each_window_alone():
         assert (batch.labels[n, valid:] == -100).all()
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_sampling_is_the_verifiers_distribution(k):
     """Speculative sampling's first three tokens against the verifier's exact distribution (chi-square), with one
     draft and with K = 2 candidates (recursive rejection)."""

@@ -170,3 +170,45 @@ print(needed, rejection_sampler.expand_batch_to_tokens(*args, replace_from=-1, r
     needed, values = done.stdout.strip().splitlines()[-1].split(" ", 1)
     assert json.loads(values) == pytest.approx([0.7, 0.7, 1.0, 2.0, 2.0, 2.0])
     assert needed == "True", "vLLM's own expansion is right again: the mend can go (align/serving.py)"
+
+
+@pytest.mark.slow  # two vLLM engine starts and a short training: make test-all
+@pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"no vLLM environment at {VLLM_PYTHON} (make vllm-env)")
+def test_vllm_serves_the_dflash_export_through_its_own_method(model_dirs, vllm_verifier, world_prompts, tmp_path):
+    """The dflash export is what vLLM's ``dflash`` speculative method loads (no align code in vLLM's processes):
+    greedy outputs equal vLLM's without speculation, and vLLM accepts exactly the tokens align's own loop accepts
+    on the same prompts (the same drafts: the same conditioning on the verifier's hidden states)."""
+    from transformers import AutoTokenizer
+
+    from align.loading import load_dflash_drafter, load_verifier_model
+    from align.prompts import encode_prompt, read_prompt_file
+    from align.speculative import SpeculativeDecoder
+    from align.verifier import Verifier, eos_ids
+    from align.zoo.models import dflash_model
+
+    verifier, tokenizer = load_verifier_model(str(vllm_verifier))
+    drafter_dir = tmp_path / "dflash"  # trained a few steps, so that some drafts are accepted
+    base = dflash_model(verifier.config, [0], tokenizer.mask_token_id or 3, layers=1, intermediate=64, seed=2)
+    base.save_pretrained(drafter_dir)
+    AutoTokenizer.from_pretrained(vllm_verifier).save_pretrained(drafter_dir)
+    out = tmp_path / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, "dflash", **{
+        "verifier.path": vllm_verifier, "drafter.path": drafter_dir, "train.max_steps": 12, "train.lr": 1e-2})) == 0
+    prompts = [encode_prompt(tokenizer, p["prompt"]) for p in read_prompt_file(world_prompts)[:6]]
+    gamma, tokens = 4, 24
+    drafter = load_dflash_drafter(out / "final", verifier, len(tokenizer))
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_ids(verifier, tokenizer))
+    ours = [decoder.generate(p, tokens, gamma) for p in prompts]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+    config = dict(verifier=str(vllm_verifier), prompts=prompts, temperature=0.0, max_new_tokens=tokens, concurrency=4,
+                  seed=0, dtype="float32", gamma=gamma, steps=1, family="dflash")
+    runs = {}
+    for name, drafter_path in (("plain", None), ("dflash", str(out / "final"))):
+        done = subprocess.run([str(VLLM_PYTHON), "-m", "eval.vllm_engine"], input=json.dumps(
+            {**config, "drafter": drafter_path}), cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+            capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = json.loads([l for l in done.stdout.splitlines() if l.startswith("{")][-1])
+    assert runs["dflash"]["outputs"] == runs["plain"]["outputs"] == [g.tokens for g in ours]
+    accepted = sum(b.accepted for g in ours for b in g.stats.blocks if b.gamma)
+    assert runs["dflash"]["drafts"] > 0 and runs["dflash"]["accepted_tokens"] == accepted > 0
