@@ -11,7 +11,8 @@ Stages, each timed (``runs/real/stages.json``):
 3. per pair: ``eval.acceptance`` of the adapted (unaligned) and the aligned drafter against the verifier, on the
    probe's eight prompts and on Spec-Bench's questions (the first ``--per-category`` of each category, first turns):
    greedy and sampled (temperature 1), γ 8 and 16, self-selection K 1 and 4 (greedy: the verifier scorer; sampled:
-   recursive rejection over the K drafts), T 1 (``GRIDS``: the Gemma 3 pair's suites take greedy, γ 16, K 1 only);
+   recursive rejection over the K drafts), T 1 (``GRIDS``: a part of that grid that 2 CPU cores run in about 40
+   minutes; ``--full`` runs all of it);
 4. per pair: greedy losslessness in bfloat16 (exact / near-tie / mismatch), and sampling losslessness at a small
    scale: the first two generated tokens of speculative sampling against the verifier's exact distribution;
 5. ``runs/real/report.md``: the tables (``eval/report.py``) of every evaluation, the probe beside the seed's figures.
@@ -34,13 +35,15 @@ PAIRS = {  # pair -> recipe
     "smollm2": "recipes/smollm2-dream.yaml",
     "gemma3": "recipes/gemma3-diffusiongemma.yaml",
 }
-FULL = ["--gamma", "16,8", "--k", "1,4", "--temperature", "0,1"]  # greedy and sampled, γ 8 and 16, K 1 and 4
+FULL = ["--gamma", "16,8", "--k", "1,4", "--temperature", "0,1"]  # greedy and sampled, γ 8 and 16, K 1 and 4:
+# the grid a machine with more time runs (python bench/real.py --full)
 GREEDY_16 = ["--gamma", "16", "--k", "1", "--temperature", "0"]
-GRIDS = {  # (pair, suite) -> the settings evaluated. Gemma 3's 262,144-row head makes every scored and drafted row
-    # cost about as much as its whole trunk: on 2 CPU cores a token costs about a second, so each of its suites
-    # takes the one setting the report's tables need (greedy, γ 16, K 1: 21 prompts × 2 drafters in about 17 minutes;
-    # the full grid would take about 80)
-    ("smollm2", "probe8"): FULL, ("smollm2", "specbench"): FULL,
+GRIDS = {  # (pair, suite) -> the settings evaluated, sized so that the evaluations take about 40 minutes on 2 CPU
+    # cores (the full grid would take about two hours: a SmolLM2 prompt-setting-drafter costs about 7 s, a Gemma 3 one
+    # about 25 s, its 262,144-row head being most of every scored and drafted row): SmolLM2 greedy and sampled with
+    # K 1 and 4 at γ 16 on the probe, greedy γ 16 and 8 on Spec-Bench; Gemma 3 greedy, γ 16, K 1 on both
+    ("smollm2", "probe8"): ["--gamma", "16", "--k", "1,4", "--temperature", "0,1"],
+    ("smollm2", "specbench"): ["--gamma", "16,8", "--k", "1", "--temperature", "0"],
     ("gemma3", "probe8"): GREEDY_16, ("gemma3", "specbench"): GREEDY_16,
 }
 SAMPLES = {"smollm2": 1.0, "gemma3": 1 / 3}  # of --samples, per pair: Gemma 3's sampling check at a third
@@ -59,11 +62,11 @@ def run(stage: str, command: list[str], times: dict) -> None:
         raise SystemExit(f"stage {stage} failed (exit status {done.returncode}); rerun make real: it resumes")
 
 
-def evaluate(pair: str, suite: str, per_category: int | None, tokens: int, times: dict) -> None:
+def evaluate(pair: str, suite: str, per_category: int | None, tokens: int, times: dict, full: bool = False) -> None:
     extra = ["--per-category", str(per_category)] if per_category and suite == "specbench" else []
     run(f"eval {pair} {suite}",
         [sys.executable, "-m", "eval.acceptance", "--ckpt", final(pair), "--suite", suite, *extra,
-         *GRIDS[(pair, suite)], "--max-new-tokens", str(tokens), "--out", str(OUT / "eval" / f"{pair}-{suite}")], times)
+         *(FULL if full else GRIDS[(pair, suite)]), "--max-new-tokens", str(tokens), "--out", str(OUT / "eval" / f"{pair}-{suite}")], times)
 
 
 def lossless_bf16(pair: str, tokens: int, times: dict) -> None:
@@ -84,6 +87,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--samples", type=int, default=300, help="speculative samples of the sampling check")
     p.add_argument("--eval-only", action="store_true", help="skip the zoo and training stages (already done)")
+    p.add_argument("--full", action="store_true", help="every suite of every pair at the whole grid (greedy and "
+                   "sampled, γ 8 and 16, K 1 and 4): about two hours on 2 CPU cores")
     args = p.parse_args()
     pairs = [x for x in args.pairs.split(",") if x]
     unknown = [x for x in pairs if x not in PAIRS]
@@ -100,8 +105,8 @@ def main() -> None:
             run(f"rollouts {pair}", [sys.executable, "-m", "align.rollouts", recipe], times)
             run(f"align {pair}", [sys.executable, "align/train.py", recipe], times)
     for pair in pairs:
-        evaluate(pair, "probe8", None, args.max_new_tokens, times)
-        evaluate(pair, "specbench", args.per_category, args.max_new_tokens, times)
+        evaluate(pair, "probe8", None, args.max_new_tokens, times, args.full)
+        evaluate(pair, "specbench", args.per_category, args.max_new_tokens, times, args.full)
         lossless_bf16(pair, args.max_new_tokens, times)
         run(f"sampling check {pair}", [sys.executable, "bench/sampling_check.py", "--ckpt", final(pair),
                                        "--samples", str(round(args.samples * SAMPLES[pair])),
