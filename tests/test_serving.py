@@ -176,8 +176,9 @@ print(needed, rejection_sampler.expand_batch_to_tokens(*args, replace_from=-1, r
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"no vLLM environment at {VLLM_PYTHON} (make vllm-env)")
 def test_vllm_serves_the_dflash_export_through_its_own_method(model_dirs, vllm_verifier, world_prompts, tmp_path):
     """The dflash export is what vLLM's ``dflash`` speculative method loads (no align code in vLLM's processes):
-    greedy outputs equal vLLM's without speculation, and vLLM accepts exactly the tokens align's own loop accepts
-    on the same prompts (the same drafts: the same conditioning on the verifier's hidden states)."""
+    greedy outputs equal vLLM's without speculation and align's, and vLLM accepts the tokens align's own loop
+    accepts on the same prompts, but for the requests' last blocks (the same conditioning on the verifier's hidden
+    states)."""
     from transformers import AutoTokenizer
 
     from align.loading import load_dflash_drafter, load_verifier_model
@@ -193,7 +194,8 @@ def test_vllm_serves_the_dflash_export_through_its_own_method(model_dirs, vllm_v
     AutoTokenizer.from_pretrained(vllm_verifier).save_pretrained(drafter_dir)
     out = tmp_path / "run"
     assert run_main(overrides(model_dirs, world_prompts, out, "dflash", **{
-        "verifier.path": vllm_verifier, "drafter.path": drafter_dir, "train.max_steps": 12, "train.lr": 1e-2})) == 0
+        "verifier.path": vllm_verifier, "drafter.path": drafter_dir, "train.max_steps": 40, "train.lr": 1e-2,
+        "data.num_prompts": 32})) == 0
     prompts = [encode_prompt(tokenizer, p["prompt"]) for p in read_prompt_file(world_prompts)[:6]]
     gamma, tokens = 4, 24
     drafter = load_dflash_drafter(out / "final", verifier, len(tokenizer))
@@ -211,4 +213,7 @@ def test_vllm_serves_the_dflash_export_through_its_own_method(model_dirs, vllm_v
         runs[name] = json.loads([l for l in done.stdout.splitlines() if l.startswith("{")][-1])
     assert runs["dflash"]["outputs"] == runs["plain"]["outputs"] == [g.tokens for g in ours]
     accepted = sum(b.accepted for g in ours for b in g.stats.blocks if b.gamma)
-    assert runs["dflash"]["drafts"] > 0 and runs["dflash"]["accepted_tokens"] == accepted > 0
+    # the same drafts: vLLM accepts what align's loop accepts, but for the last block of a request, where align
+    # drafts only the room left and vLLM drafts γ and may count tokens past max_tokens (measured: 19 against 18)
+    assert runs["dflash"]["drafts"] > 0 and accepted > 0
+    assert accepted <= runs["dflash"]["accepted_tokens"] <= accepted + gamma * len(prompts)
