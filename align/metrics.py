@@ -109,3 +109,25 @@ def expected_tau(alphas: list[float | None]) -> float:
     """τ implied by per-position rates: 1 + Σ_m Π_{j≤m} α_j (positions never reached count as 0)."""
     q = torch.tensor([a if a is not None else 0.0 for a in alphas], dtype=torch.float64)
     return 1.0 + float(expected_streak(q)) if len(alphas) else 1.0
+
+
+def walk_blocks(streaks: list[int], start: int = 0, limit: int | None = None) -> tuple[int, int]:
+    """(blocks, accepted) of greedy decoding along a text the verifier wrote, from the drafter's greedy streak
+    ``streaks[t]`` of the block drafted after its first t tokens: the first block at ``start`` (1 where the
+    verifier runs the prompt alone first, as for the dflash drafter), the block at t keeps its streak a_t, the
+    verifier adds its own token, and the next block starts at t + a_t + 1. With ``limit`` (max_new_tokens) the
+    decoder drafts at most limit − t − 1 tokens at t, and nothing before the last token.
+
+    This is the greedy decoder's accepted per block where the drafter's block depends on its prefix alone and the
+    verifier reproduces the text. Blocks start where the last one failed, so hard offsets weigh far more here than
+    in the mean streak over every offset (which counts an easy run of 30 tokens 30 times, and decoding once).
+    """
+    t, blocks, accepted = start, 0, 0
+    while t < len(streaks):
+        room = len(streaks) if limit is None else limit - t - 1
+        if room <= 0:
+            break
+        a = min(streaks[t], room)
+        blocks, accepted = blocks + 1, accepted + a
+        t += a + 1
+    return blocks, accepted

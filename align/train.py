@@ -46,7 +46,7 @@ from align.files import discard_partial, write_text
 from align.locks import hold_folder
 from align.loading import (check_model_folder, default_device, load_drafter_model, load_tokenizer, load_verifier_model,
                            shared_vocab_size, usable_cores)
-from align.metrics import expected_streak
+from align.metrics import expected_streak, walk_blocks
 from align.rollouts import generate_rollouts, rollout_meta
 from align.dflash import FAMILY as DFLASH, verifier_fingerprint
 from align.dflash.batch import drafter_logits as dflash_logits, make_batch as make_dflash_batch
@@ -103,9 +103,10 @@ def main(argv: list[str]) -> int:
         raise AlignError(f"distill.gamma ({gamma}) is longer than every rollout (the longest has {max(lengths, default=0)} "
                          "tokens); lower distill.gamma or raise data.max_new_tokens")
     train_pairs = window_index(lengths, train_rows, recipe.distill.stride)
-    eval_pairs = window_index(lengths, heldout or train_rows[:1], recipe.distill.stride)
-    pick = torch.randperm(len(eval_pairs), generator=torch.Generator().manual_seed(recipe.run.seed))
-    eval_pairs = by_prefix_length(rows, eval_pairs[pick[: recipe.train.eval_windows]], recipe.data.max_prefix_len)
+    eval_pairs = by_prefix_length(rows, whole_rollouts(window_index(lengths, heldout or train_rows[:1],
+                                                                    recipe.distill.stride),
+                                                       recipe.train.eval_windows, recipe.run.seed),
+                                  recipe.data.max_prefix_len)
     data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs)}
     if lead:
         how = "packed: each rollout's windows from one encoder pass" if packing_on(recipe) else "one pass per window"
@@ -193,22 +194,30 @@ def main(argv: list[str]) -> int:
         engine.train(False)
         mine = eval_pairs[rank::world]
         sums = torch.zeros(3 + gamma, dtype=torch.float64)
+        streaks = torch.zeros(len(eval_pairs), dtype=torch.float64)  # each window's greedy streak, for walk_blocks
         for lo in range(0, len(mine), recipe.train.micro_batch_size):
             batch = batch_of(mine[lo:lo + recipe.train.micro_batch_size])
             logits = drafted(batch)[..., :vocab].float()
             valid = batch.labels >= 0
             logq = (logits / temperature).log_softmax(-1).gather(-1, batch.labels.clamp(min=0)[..., None])[..., 0]
             q = logq.exp() * valid
-            greedy = (logits.argmax(-1) == batch.labels) & valid
+            greedy = ((logits.argmax(-1) == batch.labels) & valid).long().cumprod(-1).sum(-1)
             sums[0] += len(batch.labels)
             sums[1] += float(expected_streak(q).sum())
-            sums[2] += float(greedy.long().cumprod(-1).sum())
+            sums[2] += float(greedy.sum())
             sums[3:] += q.sum(0).double().cpu()
+            streaks[rank::world][lo:lo + len(greedy)] = greedy.double().cpu()
         all_reduce(sums)
+        all_reduce(streaks)
         engine.train(True)
         n = max(1.0, float(sums[0]))
-        return {"expected_streak": float(sums[1]) / n, "greedy_streak": float(sums[2]) / n,
-                "q_per_position": [round(float(x) / n, 4) for x in sums[3:]]}
+        result = {"expected_streak": float(sums[1]) / n, "greedy_streak": float(sums[2]) / n,
+                  "q_per_position": [round(float(x) / n, 4) for x in sums[3:]]}
+        if recipe.distill.stride == 1:  # every offset of each held-out rollout: walk them as greedy decoding does
+            first = 1 if dflash else 0  # the dflash drafter's first block follows the verifier's prompt pass
+            blocks = [walk_blocks(s, first, recipe.data.max_new_tokens) for s in streaks_by_rollout(eval_pairs, streaks)]
+            result["decoded_accepted"] = sum(a for _, a in blocks) / max(1, sum(b for b, _ in blocks))
+        return result
 
     if "before" not in state["heldout"]:
         state["heldout"]["before"] = evaluate()
@@ -369,6 +378,28 @@ class WindowOrder:
             out.append(chunk)
             start, size = start + len(chunk), size - len(chunk)
         return torch.cat(out)
+
+
+def whole_rollouts(pairs: torch.Tensor, limit: int, seed: int) -> torch.Tensor:
+    """The windows of whole rollouts of ``pairs`` (grouped by rollout, as window_index gives), in a seeded order,
+    as many rollouts as fit in ``limit`` windows (at least one): every offset of a rollout is there to walk."""
+    spans = rollout_spans(pairs)
+    taken, total = [], 0
+    for i in torch.randperm(len(spans), generator=torch.Generator().manual_seed(seed)).tolist():
+        start, length = spans[i]
+        if taken and total + length > limit:
+            continue
+        taken.append(pairs[start:start + length])
+        total += length
+    return torch.cat(taken) if taken else pairs[:0]
+
+
+def streaks_by_rollout(pairs: torch.Tensor, streaks: torch.Tensor) -> list[list[int]]:
+    """Per rollout of ``pairs`` (rows of (rollout row, offset), any order), its windows' ``streaks`` by offset."""
+    by_row: dict[int, dict[int, int]] = {}
+    for (row, t), a in zip(pairs.tolist(), streaks.tolist()):
+        by_row.setdefault(row, {})[t] = int(a)
+    return [[offsets[t] for t in sorted(offsets)] for offsets in by_row.values()]
 
 
 def rollout_spans(pairs: torch.Tensor) -> list[tuple[int, int]]:

@@ -14,6 +14,7 @@ from align.dflash import DFlashDrafter, check_verifier, verifier_fingerprint
 from align.dflash.batch import drafter_logits, make_batch, verifier_pass
 from align.errors import AlignError
 from align.lossless import chi_square_p
+from align.metrics import walk_blocks
 from align.selection import make_selection
 from align.speculative import SpeculativeDecoder
 from align.verifier import Verifier, ar_generate
@@ -82,6 +83,28 @@ def test_what_decoding_drafts_is_what_training_computes():
         logits = drafter_logits(model, verifier.get_input_embeddings(), verifier.get_output_embeddings(), batch,
                                 features, MASK, 8)
         torch.testing.assert_close(logits[0].float().log_softmax(-1), logq, atol=1e-6, rtol=0)  # float32 rows
+
+
+def test_walking_the_training_passs_streaks_gives_greedy_decodings_blocks():
+    """The trainer's held-out ``decoded_accepted``: the greedy streak of every window of the verifier's own text,
+    walked block by block (align.metrics.walk_blocks), is what the greedy decoder accepted, block for block."""
+    accepted = []
+    for seed, gamma in ((0, 4), (1, 8), (2, 16), (3, 4), (4, 8), (5, 16)):
+        verifier, model = pair(seed, vocab=8)
+        prompt = [4, 5, 6, 7][:seed % 3 + 2]
+        out = SpeculativeDecoder(DFlashDrafter(model, verifier, 8), Verifier(verifier), []).generate(prompt, 40, gamma)
+        decoded = [b.accepted for b in out.stats.blocks if b.gamma]
+        response = out.tokens
+        rollouts = [{"prompt_ids": prompt, "response_ids": response}]
+        batch = make_batch(rollouts, torch.tensor([[0, t] for t in range(len(response))]), gamma)
+        features, _ = verifier_pass(verifier, model.config.target_layer_ids, batch, 8)
+        logits = drafter_logits(model, verifier.get_input_embeddings(), verifier.get_output_embeddings(), batch,
+                                features, MASK, 8)
+        streaks = ((logits.argmax(-1) == batch.labels) & (batch.labels >= 0)).long().cumprod(-1).sum(-1).tolist()
+        walked = walk_blocks(streaks, start=1, limit=40)  # the prompt pass first; the length limit of 40
+        assert walked == (len(decoded), sum(decoded)), (seed, gamma, decoded)
+        accepted += decoded
+    assert max(accepted) >= 2 and 0 in accepted  # partly accepted: the walk has jumps to get right
 
 
 def test_all_windows_of_a_rollout_in_one_pass_equal_each_window_alone():

@@ -137,8 +137,9 @@ def test_kill_during_rollouts_then_resume_loses_and_duplicates_nothing(model_dir
     assert meta["verifier"] == str(model_dirs["verifier"]) and meta["temperature"] == 0.0
 
 
-def test_two_processes_follow_the_one_process_loss_curve(model_dirs, world_prompts, tmp_path):
-    args = dict(model_dirs=model_dirs, prompts=world_prompts)
+@pytest.mark.parametrize("family", ["diffusiongemma", pytest.param("dflash", marks=pytest.mark.slow)])
+def test_two_processes_follow_the_one_process_loss_curve(model_dirs, world_prompts, tmp_path, family):
+    args = dict(model_dirs=model_dirs, prompts=world_prompts, family=family)
     one, two = tmp_path / "one", tmp_path / "two"
     assert run_main(overrides(out=one, **args, **{"train.max_steps": 5, "train.micro_batch_size": 2})) == 0
     proc = run_cli(overrides(out=two, **args, **{"train.max_steps": 5, "train.micro_batch_size": 2}),

@@ -16,6 +16,7 @@ from align.baseline.drafter import FAMILY
 from align.baseline.model import ar_model, count_parameters, drafter_shape, matched_intermediate
 from align.errors import AlignError
 from align.files import atomic_folder
+from align.metrics import walk_blocks
 
 def read_run(run: Path):
     """The recipe of a training run folder (``align/train.py``'s ``run.output_dir``)."""
@@ -113,12 +114,13 @@ def evaluate(model, docs: list, gamma: int, max_len: int, batch_size: int = 32) 
     """Held-out response tokens: cross-entropy, next-token accuracy, and the greedy streak — for every response
     offset t, how many of the next γ rollout tokens the drafter's argmax matches in a row (teacher-forced, so
     exactly the accepted length of a greedy γ-block there when the rollouts are the verifier's greedy output; the
-    same measure as ``greedy_streak`` in the diffusion run's held-out evaluation)."""
+    same measure as ``greedy_streak`` in the diffusion run's held-out evaluation), and ``decoded_accepted``, those
+    streaks walked as greedy decoding walks them (:func:`align.metrics.walk_blocks`)."""
     if not docs:
         return {}
     was_training = model.training
     model.eval()
-    total = correct = ce_sum = streak_sum = offsets = 0.0
+    total = correct = ce_sum = streak_sum = offsets = blocks = accepted = 0.0
     for lo in range(0, len(docs), batch_size):
         part = docs[lo:lo + batch_size]
         ids, mask, weight = collate(part, 0.0, max_len)
@@ -136,9 +138,11 @@ def evaluate(model, docs: list, gamma: int, max_len: int, batch_size: int = 32) 
                 runs.append(min(run, gamma))
             streak_sum += sum(runs)
             offsets += len(runs)
+            walked = walk_blocks(runs[::-1])
+            blocks, accepted = blocks + walked[0], accepted + walked[1]
     model.train(was_training)
     return {"ce": ce_sum / max(total, 1), "accuracy": correct / max(total, 1),
-            "greedy_streak": streak_sum / max(offsets, 1)}
+            "greedy_streak": streak_sum / max(offsets, 1), "decoded_accepted": accepted / max(blocks, 1)}
 
 
 

