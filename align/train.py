@@ -103,10 +103,10 @@ def main(argv: list[str]) -> int:
         raise AlignError(f"distill.gamma ({gamma}) is longer than every rollout (the longest has {max(lengths, default=0)} "
                          "tokens); lower distill.gamma or raise data.max_new_tokens")
     train_pairs = window_index(lengths, train_rows, recipe.distill.stride)
-    eval_pairs = by_prefix_length(rows, whole_rollouts(window_index(lengths, heldout or train_rows[:1],
-                                                                    recipe.distill.stride),
-                                                       recipe.train.eval_windows, recipe.run.seed),
-                                  recipe.data.max_prefix_len)
+    eval_pairs = whole_rollouts(window_index(lengths, heldout or train_rows[:1], recipe.distill.stride),
+                                recipe.train.eval_windows, recipe.run.seed)
+    if d.family != DFLASH:  # per window: micro-batches of near prefix lengths (dflash: a rollout's windows together)
+        eval_pairs = by_prefix_length(rows, eval_pairs, recipe.data.max_prefix_len)
     data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs)}
     if lead:
         how = "packed: each rollout's windows from one encoder pass" if packing_on(recipe) else "one pass per window"

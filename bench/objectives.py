@@ -12,8 +12,9 @@
 
 Protocol. Every run trains the recipe for ``--steps`` optimizer steps on the same windows in the same order (only
 the objective's keys, ``train.lr`` and ``run.seed`` change). Learning rate: seed 0 is trained at every rate in
-``--lrs``; the rate with the best held-out training-window metric (the greedy streak in the greedy regime, E[streak]
-in the sampled one; held-out windows come from training prompts, not the evaluation suite) is kept, and seeds 1..
+``--lrs``; the rate with the best held-out training-window metric (in the greedy regime decoded_accepted, the
+held-out streaks walked as greedy decoding walks them, or the greedy streak where a run predates it; E[streak] in
+the sampled one; held-out windows come from training prompts, not the evaluation suite) is kept, and seeds 1..
 are trained at that rate. Each kept run is then decoded by ``eval.acceptance`` on the first ``--limit`` held-out
 prompts of the tiny world (γ 16, T 1, 160 new tokens), or of ``--suite`` (``--per-category``, ``--max-new-tokens``);
 ``--decode 0`` ranks by the held-out metrics alone, where decoding costs more than training (a real pair on CPU). Regime ``greedy``: greedy rollouts, greedy verification;
@@ -85,6 +86,7 @@ def train(recipe: str, folder: Path, regime: str, variant: str, lr: float, seed:
     batch = yaml.safe_load((folder / "recipe.yaml").read_text())["train"]["global_batch_size"]
     per_step = [batch / m["windows_per_s"] for m in metrics if m["split"] == "train"][1:]  # the first: warm-up
     return {"expected_streak": heldout["expected_streak"], "greedy_streak": heldout["greedy_streak"],
+            "decoded_accepted": heldout.get("decoded_accepted"),
             "s_per_step": statistics.median(per_step) if per_step else None}
 
 
@@ -158,6 +160,9 @@ def main() -> None:
                     save()
                     print(f"{regime} {variant} lr {lr:g}: {entry['sweep'][str(lr)]}", flush=True)
             metric = REGIMES[regime]["select"]
+            if metric == "greedy_streak" and all(entry["sweep"][str(lr)].get("decoded_accepted") is not None
+                                                 for lr in lrs):
+                metric = "decoded_accepted"  # the held-out streaks walked as greedy decoding walks them
             best = max(lrs, key=lambda lr: entry["sweep"][str(lr)][metric])
             entry["lr"] = best
             for seed in seeds:
@@ -203,9 +208,9 @@ def table(results: dict, recipe: str, steps: int, out: Path) -> str:
              "gain: after / before on the same held-out windows",
              "",
              "| regime | objective | lr (swept) | accepted_mean | accepted_mean, sampling verification (T 1) | seeds | "
-             "held-out E[streak] | held-out greedy streak | greedy streak gain | E[streak] gain | "
-             + " | ".join(f"α_{j}" for j in POSITIONS) + " | s / step |",
-             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(POSITIONS) + "---|"]
+             "held-out E[streak] | held-out greedy streak | held-out decoded accepted | greedy streak gain | "
+             "E[streak] gain | " + " | ".join(f"α_{j}" for j in POSITIONS) + " | s / step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(POSITIONS) + "---|"]
     for key, entry in results.items():
         regime, variant = key.split("/", 1)
         runs = [r for r in entry["seeds"].values() if r.get("lr") == entry.get("lr")]
@@ -219,6 +224,7 @@ def table(results: dict, recipe: str, steps: int, out: Path) -> str:
         lines.append(f"| {regime} | {variant} | {swept} | {_mean_sd([r.get('accepted_mean') for r in runs])} | "
                      f"{_mean_sd([r.get('accepted_sampled') for r in runs])} | {len(runs)} | "
                      f"{_mean_sd([r['expected_streak'] for r in runs])} | {_mean_sd([r['greedy_streak'] for r in runs])} | "
+                     f"{_mean_sd([r.get('decoded_accepted') for r in runs])} | "
                      f"{gains['greedy_streak']} | {gains['expected_streak']} | "
                      + " | ".join(alphas) + f" | {_mean_sd([r['s_per_step'] for r in runs])} |")
     return "\n".join(lines)
