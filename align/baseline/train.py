@@ -110,12 +110,13 @@ def sequence_loss(model, ids, mask, weight) -> tuple[torch.Tensor, torch.Tensor]
 
 
 @torch.no_grad()
-def evaluate(model, docs: list, gamma: int, max_len: int, batch_size: int = 32) -> dict[str, float]:
+def evaluate(model, docs: list, gamma: int, max_len: int, batch_size: int = 32,
+             limit: int | None = None) -> dict[str, float]:
     """Held-out response tokens: cross-entropy, next-token accuracy, and the greedy streak — for every response
     offset t, how many of the next γ rollout tokens the drafter's argmax matches in a row (teacher-forced, so
     exactly the accepted length of a greedy γ-block there when the rollouts are the verifier's greedy output; the
     same measure as ``greedy_streak`` in the diffusion run's held-out evaluation), and ``decoded_accepted``, those
-    streaks walked as greedy decoding walks them (:func:`align.metrics.walk_blocks`)."""
+    streaks walked as greedy decoding walks them (:func:`align.metrics.walk_blocks`; ``limit``: max_new_tokens)."""
     if not docs:
         return {}
     was_training = model.training
@@ -138,7 +139,7 @@ def evaluate(model, docs: list, gamma: int, max_len: int, batch_size: int = 32) 
                 runs.append(min(run, gamma))
             streak_sum += sum(runs)
             offsets += len(runs)
-            walked = walk_blocks(runs[::-1])
+            walked = walk_blocks(runs[::-1], limit=limit)
             blocks, accepted = blocks + walked[0], accepted + walked[1]
     model.train(was_training)
     return {"ce": ce_sum / max(total, 1), "accuracy": correct / max(total, 1),
@@ -220,7 +221,7 @@ def train(args: argparse.Namespace) -> Path:
         return args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
 
     log = []
-    before = evaluate(model, heldout_docs, gamma, max_len)
+    before = evaluate(model, heldout_docs, gamma, max_len, limit=recipe.data.max_new_tokens)
     log.append({"step": 0, "split": "eval", **before})
     bar = tqdm(total=args.steps if args.steps else round(seconds), unit="step" if args.steps else "s",
                desc="train AR drafter", dynamic_ncols=True)
@@ -250,9 +251,9 @@ def train(args: argparse.Namespace) -> Path:
                         "seconds": spent, "sequences_per_s": args.batch_size / elapsed})
         if args.eval_every and step % args.eval_every == 0:  # not counted in the budget
             log.append({"step": step, "split": "eval", "seconds": spent,
-                        **evaluate(model, heldout_docs, gamma, max_len)})
+                        **evaluate(model, heldout_docs, gamma, max_len, limit=recipe.data.max_new_tokens)})
     bar.close()
-    after = evaluate(model, heldout_docs, gamma, max_len)
+    after = evaluate(model, heldout_docs, gamma, max_len, limit=recipe.data.max_new_tokens)
     log.append({"step": step, "split": "eval", "seconds": spent, **after})
     model.eval()
 
