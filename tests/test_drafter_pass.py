@@ -82,8 +82,11 @@ GROWTH = [20, 1, 5, 0, 17, 1, 0, 9]
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Equal up to float32 rounding in another order, which grows with depth (the replica's 6 layers: ~3e-4)."""
-    torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+    """Equal up to float32 rounding in another order, which grows with depth and depends on the CPU's kernels: the
+    replica's 6 layers (logits up to 0.7) differ by up to 1.7e-3 from the model's forward on one machine, where the
+    model's own forward on 1 and on 2 threads differs by 1.1e-3 (elsewhere both ~3e-4). A misordered norm, a wrong
+    window or a missing row moves logits by a tenth or more."""
+    torch.testing.assert_close(a, b, rtol=1e-3, atol=3e-3)
 
 
 def encoder_next(model, encoded) -> torch.Tensor:
