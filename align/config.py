@@ -22,6 +22,9 @@ import yaml
 from align.errors import AlignError
 
 
+NEEDS_TEACHER = frozenset({"kd", "tv", "sampled_streak"})  # objectives that read the verifier's logits
+
+
 class RecipeError(AlignError):
     """A recipe that cannot be loaded: the message names the key, the value and what is allowed."""
 
@@ -90,6 +93,11 @@ class DataConfig:
                                     "windows) for more encoder work. null: 256 / distill.gamma.", min=1)
     heldout_fraction: float = option(0.05, "Fraction of prompts whose rollouts are held out for evaluation windows.",
                                      min=0.0, max=0.5)
+    feature_cache: bool = option(False, "dflash: compute the verifier's features of every rollout once, before "
+                                 "training, into the cache ($ALIGN_CACHE/features/, tokens x layers x width in the "
+                                 "verifier's dtype; runs over the same rollouts share it) and read them from there: no "
+                                 "verifier pass in the training loop. false: the verifier runs every step (online). "
+                                 "Not with objectives that read the verifier's logits (kd, tv, sampled_streak).")
 
 
 @dataclass
@@ -418,6 +426,13 @@ def _check_recipe(recipe: Recipe) -> None:
                           "distill.first_token: canvas")
     if recipe.drafter.family == "dflash":
         _check_dflash(recipe)
+    if recipe.data.feature_cache and recipe.drafter.family != "dflash":
+        raise RecipeError(f"recipe key data.feature_cache: true caches the verifier's features a dflash drafter reads; "
+                          f"a {recipe.drafter.family} drafter reads none: set data.feature_cache: false")
+    if recipe.data.feature_cache and recipe.distill.objective in NEEDS_TEACHER:
+        raise RecipeError(f"recipe key data.feature_cache: true leaves the verifier out of the training loop, and "
+                          f"distill.objective {recipe.distill.objective} reads its logits at every step: set "
+                          "data.feature_cache: false, or an objective that reads the labels only (streak_ce, ce)")
     if recipe.distill.gamma > recipe.data.max_new_tokens:
         raise RecipeError(f"recipe key distill.gamma: got {recipe.distill.gamma}, longer than any rollout can be "
                           f"(data.max_new_tokens is {recipe.data.max_new_tokens}); lower distill.gamma or raise "

@@ -36,22 +36,40 @@ def check_layers(model: Any, layers: list[int]) -> None:
                          "dflash_config.target_layer_ids")
 
 
+class _Deep(Exception):
+    """Raised by a stopping tap once the deepest layer it reads has run: the rest of the forward is not needed."""
+
+
 class FeatureTap:
     """Forward hooks on the verifier's layers ``layers``: after each verifier forward, :meth:`take` returns the
     features of the positions it ran, (B, S, len(layers) · H). Close it (or use it as a context manager) to remove
-    the hooks."""
+    the hooks. With ``stop``, the forward ends after the deepest of ``layers`` (the layers above it and the LM head
+    never run): call the model through :meth:`run`."""
 
-    def __init__(self, model: Any, layers: list[int]):
+    def __init__(self, model: Any, layers: list[int], stop: bool = False):
         check_layers(model, layers)
         self.layers = list(layers)
+        self.stop = stop
         self.captured: dict[int, torch.Tensor] = {}
         blocks = decoder_layers(model)
         self.handles = [blocks[i].register_forward_hook(self._hook(i)) for i in self.layers]
 
     def _hook(self, index: int):
+        deepest = max(self.layers)
+
         def hook(module, args, output):
             self.captured[index] = output[0] if isinstance(output, tuple) else output
+            if self.stop and index == deepest:
+                raise _Deep
         return hook
+
+    def run(self, model: Any, **inputs) -> torch.Tensor:
+        """``model(**inputs)`` (stopped early with ``stop``), then its features."""
+        try:
+            model(**inputs)
+        except _Deep:
+            pass
+        return self.take()
 
     def take(self) -> torch.Tensor:
         missing = [i for i in self.layers if i not in self.captured]

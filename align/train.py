@@ -51,6 +51,7 @@ from align.rollouts import generate_rollouts, rollout_meta
 from align.dflash import FAMILY as DFLASH, verifier_fingerprint
 from align.dflash.batch import drafter_logits as dflash_logits, make_batch as make_dflash_batch
 from align.dflash.batch import verifier_pass as dflash_verifier_pass
+from align.dflash.cache import FeatureCache, build_cache, cache_key
 from align.drafter import FAMILIES
 from align.features import check_layers
 from align.zoo import check_prompts, resolve
@@ -58,7 +59,7 @@ from align.zoo import check_prompts, resolve
 # keys that may change between a run and its resumption; everything else must match
 # keys a rerun may change without changing the run (micro_batch_size: the same global batch, exactly accumulated)
 RESUMABLE = {"train": {"max_steps", "save_every", "eval_every", "eval_windows", "keep_checkpoints", "micro_batch_size"},
-             "log": "*"}
+             "data": {"feature_cache"}, "log": "*"}
 
 
 def main(argv: list[str]) -> int:
@@ -129,6 +130,14 @@ def main(argv: list[str]) -> int:
         data_fingerprint["verifier_fingerprint"] = verifier_fingerprint(teacher)
     elif FAMILIES[d.family].masked and mask_id is None:
         raise AlignError(f"the {d.family} drafter needs a mask token: its tokenizer has none; set drafter.mask_token_id")
+    features = None  # data.feature_cache: the verifier's features of every rollout, computed once (lead) and mapped
+    if dflash and recipe.data.feature_cache:
+        sequences = [r["prompt_ids"] + r["response_ids"] for r in rows]
+        key = cache_key(teacher, model.config.target_layer_ids, sequences)
+        if lead:
+            build_cache(teacher, model.config.target_layer_ids, sequences, key)
+        barrier()
+        features = FeatureCache(key)
     if d.freeze_embeddings:
         freeze_embeddings(model)
     if recipe.lora.r:
@@ -155,10 +164,13 @@ def main(argv: list[str]) -> int:
         """The drafter's logits over its whole vocabulary (what self-conditioning reads); with ``next_token``, also
         its prefix pass's next-token logits (packed: at every response token; per window: after each prefix)."""
         if dflash:  # one verifier pass gives the features (and the objective's teacher logits: batch.teacher)
-            features, batch.teacher = dflash_verifier_pass(teacher, model.config.target_layer_ids, batch, vocab,
-                                                           recipe.distill.objective in NEEDS_TEACHER)
+            if features is not None:
+                hidden = features.take(batch.rollouts.tolist(), batch.ids.shape[1]).to(engine.device)
+            else:
+                hidden, batch.teacher = dflash_verifier_pass(teacher, model.config.target_layer_ids, batch, vocab,
+                                                             recipe.distill.objective in NEEDS_TEACHER)
             return dflash_logits(engine.engine, teacher.get_input_embeddings(), teacher.get_output_embeddings(),
-                                 batch, features, mask_id, vocab)
+                                 batch, hidden, mask_id, vocab)
         if hasattr(batch, "slots"):
             return packed_logits(engine.engine, batch, self_conditioning, next_token)
         return FAMILIES[d.family].canvas_logits(engine.engine, batch.prefix, batch.prefix_mask, batch.canvas,

@@ -48,6 +48,7 @@ def test_defaults_yaml_overrides_precedence(tmp_path):
     ("data.top_p=1.5", ["data.top_p", "<= 1.0"]),
     ("train.global_batch_size=33", ["train.global_batch_size", "multiple of"]),
     ("drafter.family=dream", ["trust_remote_code"]),
+    ("data.feature_cache=true", ["data.feature_cache", "reads none", "set data.feature_cache: false"]),
     ("nodot=3", ["bad override", "section.key=value"]),
 ])
 def test_bad_values_name_key_value_and_what_is_allowed(override, words):
@@ -57,6 +58,14 @@ def test_bad_values_name_key_value_and_what_is_allowed(override, words):
     assert "\n" not in message
     for word in words:
         assert word in message
+
+
+def test_a_feature_cache_is_refused_with_an_objective_that_reads_the_verifiers_logits():
+    base = ["drafter.family=dflash", "distill.canvas_seed=null", "data.feature_cache=true"]
+    assert load_recipe("recipes/tiny-dflash.yaml", base[2:]).data.feature_cache
+    for objective in ("tv", "kd", "sampled_streak"):
+        with pytest.raises(RecipeError, match=f"distill.objective {objective} reads its logits"):
+            load_recipe("recipes/tiny-dflash.yaml", [*base, f"distill.objective={objective}"])
 
 
 def test_missing_and_malformed_recipe_files(tmp_path):

@@ -85,6 +85,34 @@ def test_what_decoding_drafts_is_what_training_computes():
         torch.testing.assert_close(logits[0].float().log_softmax(-1), logq, atol=1e-6, rtol=0)  # float32 rows
 
 
+def test_the_training_pass_stops_after_the_deepest_layer_read():
+    """Without teacher logits the training pass's verifier runs no deeper than the layers it reads (neither the layer
+    above them nor the LM head), and gives the features of the whole pass."""
+    verifier, model = pair(2, layers=(0, 1))
+    rollouts = [{"prompt_ids": [4, 5, 6], "response_ids": list(range(8, 30))}]
+    batch = make_batch(rollouts, torch.tensor([[0, t] for t in range(0, 20, 3)]), 4)
+    ran = []
+    for name, module in (("top layer", verifier.model.layers[2]), ("head", verifier.lm_head)):
+        module.register_forward_hook(lambda *_, name=name: ran.append(name))
+    stopped, _ = verifier_pass(verifier, [0, 1], batch, 64)
+    assert ran == []
+    full, teacher = verifier_pass(verifier, [0, 1], batch, 64, teacher=True)
+    assert ran == ["top layer", "head"] and teacher.shape == (7, 4, 64)
+    assert torch.equal(stopped, full)
+
+
+def test_the_feature_caches_key_names_rollouts_verifier_and_layers():
+    from align.dflash.cache import cache_key
+
+    verifier, _ = pair(0)
+    other, _ = pair(1)
+    seqs = [[4, 5, 6], [7, 8]]
+    key = cache_key(verifier, [0, 1], seqs)
+    assert cache_key(verifier, [0, 1], [[4, 5, 6], [7, 8]]) == key
+    assert len({key, cache_key(other, [0, 1], seqs), cache_key(verifier, [0], seqs),
+                cache_key(verifier, [0, 1], [[4, 5], [6, 7, 8]]), cache_key(verifier.float(), [0, 1], seqs)}) == 5
+
+
 def test_walking_the_training_passs_streaks_gives_greedy_decodings_blocks():
     """The trainer's held-out ``decoded_accepted``: the greedy streak of every window of the verifier's own text,
     walked block by block (align.metrics.walk_blocks), is what the greedy decoder accepted, block for block."""

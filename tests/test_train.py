@@ -151,6 +151,27 @@ def test_two_processes_follow_the_one_process_loss_curve(model_dirs, world_promp
     assert all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(a, b)), (a, b)
 
 
+def test_cached_features_follow_the_online_loss_curve(model_dirs, world_prompts, tmp_path):
+    """data.feature_cache: the verifier's features computed once into the cache give the online run's losses (the
+    same features, from other batches), and a second run reuses the cache."""
+    from align.paths import cache_dir
+
+    args = dict(model_dirs=model_dirs, prompts=world_prompts, family="dflash")
+    steps = {"train.max_steps": 3, "distill.objective": "streak_ce"}
+    assert run_main(overrides(out=tmp_path / "online", **args, **steps)) == 0
+    before = set((cache_dir() / "features").glob("*/features.bin"))
+    assert run_main(overrides(out=tmp_path / "cached", **args, **steps, **{"data.feature_cache": "true"})) == 0
+    built = set((cache_dir() / "features").glob("*/features.bin")) - before
+    assert len(built) == 1
+    a, b = losses(tmp_path / "online"), losses(tmp_path / "cached")
+    assert len(a) == len(b) == 3
+    assert all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(a, b)), (a, b)
+    stamp = next(iter(built)).stat().st_mtime_ns
+    assert run_main(overrides(out=tmp_path / "again", **args, **steps, **{"data.feature_cache": "true"})) == 0
+    assert next(iter(built)).stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert losses(tmp_path / "again") == b
+
+
 @pytest.mark.parametrize("family, extra", [
     ("mdlm", {"distill.objective": "kd", "lora.r": 4, "lora.target_modules": "[query,value]"}),
     ("dream", {"distill.objective": "ce_streak", "distill.ce_weight": 0.5}),

@@ -26,6 +26,7 @@ class DFlashBatch:
     starts: torch.Tensor  # (R, W) position s of each window's first row; -1 pads
     labels: torch.Tensor  # (N, γ) per window, in the order the windows were given; -100 past the end
     slots: torch.Tensor  # (N,) index r · W + w of window n in the (R, W) layout
+    rollouts: torch.Tensor  # (R,) which rollout each row is (its index in the rollouts given)
     teacher: torch.Tensor | None = None  # (N, γ, V) the verifier's logits, once its pass has run (training)
 
     def to(self, device) -> "DFlashBatch":
@@ -61,19 +62,23 @@ def make_batch(rollouts, pairs: torch.Tensor, gamma: int) -> DFlashBatch:
         target = rollouts[row]["response_ids"][t:t + gamma]
         labels[n, :len(target)] = torch.tensor(target, dtype=torch.long)
         slots[n] = slot_of[(row, t)]
-    return DFlashBatch(ids, attention, starts, labels, slots)
+    return DFlashBatch(ids, attention, starts, labels, slots, torch.tensor(list(groups), dtype=torch.long))
 
 
 @torch.no_grad()
 def verifier_pass(verifier, layers: list[int], batch: DFlashBatch, vocab: int,
                   teacher: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The verifier over every rollout once: its features (R, S, F) and, with ``teacher``, its logits (N, γ, V) at
-    each window's block positions s .. s + γ − 1 (those that predict the labels)."""
+    each window's block positions s .. s + γ − 1 (those that predict the labels). Without ``teacher`` the pass stops
+    after the deepest layer read: the layers above it and the LM head (most of a large-vocabulary model's pass) do not
+    run."""
+    inputs = dict(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False)
+    if not teacher:  # the features alone: the verifier runs no deeper than the deepest layer read
+        with FeatureTap(verifier, layers, stop=True) as tap:
+            return tap.run(verifier, **inputs), None
     with FeatureTap(verifier, layers) as tap:
-        out = verifier(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False)
+        out = verifier(**inputs)
         features = tap.take()
-    if not teacher:
-        return features, None
     g = batch.gamma
     starts = batch.starts.reshape(-1)[batch.slots]  # (N,)
     rows = torch.div(batch.slots, batch.starts.shape[1], rounding_mode="floor")

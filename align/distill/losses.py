@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from align.config import NEEDS_TEACHER  # noqa: F401 (objectives that read the verifier's logits)
 from align.metrics import expected_streak
 
 CHUNK_ELEMENTS = 1 << 24  # at most this many floats of temporaries per chunk (64 MB)
@@ -311,5 +312,4 @@ def sampled_streak_loss(logits: torch.Tensor, labels: torch.Tensor, temperature:
 LOSSES = {"streak": streak_loss, "ce_streak": ce_streak_loss, "ce": ce_loss, "kd": kd_loss, "tv": tv_loss,
           "streak_ce": streak_ce_loss, "first_failure": first_failure_loss, "margin": margin_loss,
           "sampled_streak": sampled_streak_loss, "decayed_ce": decayed_ce_loss}
-NEEDS_TEACHER = {"kd", "tv", "sampled_streak"}
 PER_WINDOW = {"streak", "ce_streak", "sampled_streak"}  # den = windows; the others average over positions

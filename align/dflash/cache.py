@@ -1,0 +1,116 @@
+"""The verifier's features of every rollout, computed once and read from disk (``data.feature_cache: true``).
+
+Online (the default), every training step runs the verifier over its rollouts for the features the dflash drafter
+reads. With the cache, one pass over all the rollouts before training writes them to
+``$ALIGN_CACHE/features/<key>/features.bin`` (row after row, the verifier's dtype), and every step reads its
+rollouts' rows from that file, memory-mapped: no verifier in the training loop. The key fingerprints the token ids
+of every rollout, the verifier's weights, the layers and the dtype, so other rollouts or another verifier get a file
+of their own, and runs over the same ones (a sweep, a resumed run) share one. The lead process builds it (other
+processes wait); a build cut short leaves no index, and the next run builds it again.
+
+Size: tokens × layers × the verifier's width × bytes — the tiny world's 101k tokens × 2 × 256 in float32 is 207 MB;
+an 8B verifier's 3 layers of 4,096 in bfloat16, 24 KB a token (the tens of terabytes users of other trainers meet at
+millions of rollouts: hence online by default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from align.dflash.drafter import verifier_fingerprint
+from align.features import FeatureTap
+from align.locks import exclusive
+from align.paths import cache_dir
+
+INDEX = "index.json"
+DATA = "features.bin"
+
+
+def cache_key(verifier: Any, layers: list[int], sequences: list[list[int]]) -> str:
+    """The cache's name: a digest of every rollout's tokens, the verifier's weights, the layers and the dtype."""
+    digest = hashlib.sha256()
+    for seq in sequences:
+        digest.update(torch.tensor(seq, dtype=torch.int64).numpy().tobytes())
+        digest.update(b"|")
+    dtype = str(next(verifier.parameters()).dtype)
+    digest.update(json.dumps([verifier_fingerprint(verifier), list(layers), dtype]).encode())
+    return digest.hexdigest()[:16]
+
+
+@torch.no_grad()
+def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], key: str,
+                batch_tokens: int = 16384, progress: bool = True) -> Path:
+    """Write the features of every sequence under the cache's ``key`` (nothing to do when it is there already);
+    the verifier runs batches of about ``batch_tokens`` padded tokens, sorted by length, and stops after the deepest
+    layer read."""
+    folder = cache_dir() / "features" / key
+    with exclusive(folder.parent, key, f"the feature cache {folder}"):
+        if (folder / INDEX).is_file():
+            return folder
+        folder.mkdir(parents=True, exist_ok=True)
+        device = next(verifier.parameters()).device
+        dtype = next(verifier.parameters()).dtype
+        offsets = [0]
+        for seq in sequences:
+            offsets.append(offsets[-1] + len(seq))
+        with FeatureTap(verifier, layers, stop=True) as tap:
+            probe = tap.run(verifier, input_ids=torch.tensor([sequences[0][:1]], device=device))
+            width = probe.shape[-1]
+            partial = folder / (DATA + ".partial")
+            with open(partial, "wb") as f:
+                f.truncate(offsets[-1] * width * probe.element_size())
+            data = torch.from_file(str(partial), shared=True, size=offsets[-1] * width, dtype=dtype).view(-1, width)
+            order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+            bar = tqdm(total=offsets[-1], desc="features", unit="tok", disable=not progress, dynamic_ncols=True)
+            lo = 0
+            while lo < len(order):
+                hi = lo + 1  # the longest batch of similar lengths within the token budget
+                while hi < len(order) and (hi - lo + 1) * len(sequences[order[hi]]) <= batch_tokens:
+                    hi += 1
+                rows = order[lo:hi]
+                longest = len(sequences[rows[-1]])
+                ids = torch.zeros((len(rows), longest), dtype=torch.long)
+                attention = torch.zeros_like(ids)
+                for r, i in enumerate(rows):
+                    ids[r, :len(sequences[i])] = torch.tensor(sequences[i])
+                    attention[r, :len(sequences[i])] = 1
+                out = tap.run(verifier, input_ids=ids.to(device), attention_mask=attention.to(device),
+                              use_cache=False).to("cpu", dtype)
+                for r, i in enumerate(rows):
+                    data[offsets[i]:offsets[i + 1]] = out[r, :len(sequences[i])]
+                bar.update(int(attention.sum()))
+                lo = hi
+            bar.close()
+        del data
+        os.replace(partial, folder / DATA)
+        index = {"offsets": offsets, "width": width, "dtype": str(dtype).removeprefix("torch."), "layers": list(layers)}
+        (folder / (INDEX + ".partial")).write_text(json.dumps(index))
+        os.replace(folder / (INDEX + ".partial"), folder / INDEX)
+    return folder
+
+
+class FeatureCache:
+    """The features of every rollout of a built cache, memory-mapped: :meth:`take` gives a batch's rows."""
+
+    def __init__(self, key: str):
+        folder = cache_dir() / "features" / key
+        index = json.loads((folder / INDEX).read_text())
+        self.offsets, self.width = index["offsets"], index["width"]
+        dtype = getattr(torch, index["dtype"])
+        self.data = torch.from_file(str(folder / DATA), shared=False, size=self.offsets[-1] * self.width,
+                                    dtype=dtype).view(-1, self.width)
+
+    def take(self, rows: list[int], length: int) -> torch.Tensor:
+        """The features (R, length, F) of rollouts ``rows``, zero after each rollout's end."""
+        out = torch.zeros((len(rows), length, self.width), dtype=self.data.dtype)
+        for r, i in enumerate(rows):
+            lo, hi = self.offsets[i], self.offsets[i + 1]
+            out[r, :hi - lo] = self.data[lo:hi]
+        return out
