@@ -22,7 +22,9 @@ prompts of the tiny world (γ 16, T 1, 160 new tokens), or of ``--suite`` (``--p
 
 Results accumulate in ``<out>/results.json`` (a rerun skips what is there) and the Markdown table is printed:
 accepted_mean ± sd over seeds, held-out E[streak] and greedy streak, α_j at j = 1, 4, 8, 16, seconds per step (the
-median over the logged steps after the first, the same loop for every objective).
+median over the logged steps after the first, the same loop for every objective; where the recipe caches the
+verifier's features, the objectives that read its logits (tv, kd, sampled_streak) train with the verifier in the
+loop, so their seconds include its pass).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from align.config import NEEDS_TEACHER  # noqa: E402 (objectives that read the verifier's logits: no feature cache)
 REGIMES = {"greedy": {"rollouts": ["data.temperature=0.0"], "verify": "0", "select": "greedy_streak"},
            "sampled": {"rollouts": ["data.temperature=1.0"], "verify": "1", "select": "expected_streak"},
            # the recipe's greedy rollouts, every kept run decoded under greedy and under sampling verification
@@ -77,10 +81,12 @@ def run(command: list[str]) -> None:
 def train(recipe: str, folder: Path, regime: str, variant: str, lr: float, seed: int, steps: int,
           extra: list[str]) -> dict:
     """Train one run (or reuse a finished one); its held-out metrics at the last step and seconds per step."""
+    objective = next(o.split("=", 1)[1] for o in VARIANTS[variant] if o.startswith("distill.objective="))
+    online = ["data.feature_cache=false"] if objective in NEEDS_TEACHER else []  # the verifier's logits every step
     if not (folder / "final" / "meta.json").is_file():
         run([sys.executable, "align/train.py", recipe, f"run.output_dir={folder}", f"run.seed={seed}",
              f"train.lr={lr}", f"train.max_steps={steps}", f"train.save_every={steps}", "train.eval_every=100",
-             "log.every=10", *REGIMES[regime]["rollouts"], *VARIANTS[variant], *extra])
+             "log.every=10", *REGIMES[regime]["rollouts"], *VARIANTS[variant], *online, *extra])
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     heldout = [m for m in metrics if m["split"] == "eval"][-1]
     batch = yaml.safe_load((folder / "recipe.yaml").read_text())["train"]["global_batch_size"]

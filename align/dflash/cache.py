@@ -8,9 +8,9 @@ of every rollout, the verifier's weights, the layers and the dtype, so other rol
 of their own, and runs over the same ones (a sweep, a resumed run) share one. The lead process builds it (other
 processes wait); a build cut short leaves no index, and the next run builds it again.
 
-Size: tokens × layers × the verifier's width × bytes — the tiny world's 101k tokens × 2 × 256 in float32 is 207 MB;
-an 8B verifier's 3 layers of 4,096 in bfloat16, 24 KB a token (the tens of terabytes users of other trainers meet at
-millions of rollouts: hence online by default).
+Size: tokens × layers × the verifier's width × bytes — the tiny world's 136k tokens of prompts and responses × 2 ×
+256 in float32 is 278 MB; an 8B verifier's 3 layers of 4,096 in bfloat16, 24 KB a token (the tens of terabytes users
+of other trainers meet at millions of rollouts: hence online by default).
 """
 
 from __future__ import annotations
