@@ -130,14 +130,14 @@ def main(argv: list[str]) -> int:
         data_fingerprint["verifier_fingerprint"] = verifier_fingerprint(teacher)
     elif FAMILIES[d.family].masked and mask_id is None:
         raise AlignError(f"the {d.family} drafter needs a mask token: its tokenizer has none; set drafter.mask_token_id")
-    features = None  # data.feature_cache: the verifier's features of every rollout, computed once (lead) and mapped
+    feature_cache = None  # data.feature_cache: every rollout's verifier features, computed once (lead) and mapped
     if dflash and recipe.data.feature_cache:
         sequences = [r["prompt_ids"] + r["response_ids"] for r in rows]
         key = cache_key(teacher, model.config.target_layer_ids, sequences)
         if lead:
             build_cache(teacher, model.config.target_layer_ids, sequences, key)
         barrier()
-        features = FeatureCache(key)
+        feature_cache = FeatureCache(key)
     if d.freeze_embeddings:
         freeze_embeddings(model)
     if recipe.lora.r:
@@ -164,8 +164,8 @@ def main(argv: list[str]) -> int:
         """The drafter's logits over its whole vocabulary (what self-conditioning reads); with ``next_token``, also
         its prefix pass's next-token logits (packed: at every response token; per window: after each prefix)."""
         if dflash:  # one verifier pass gives the features (and the objective's teacher logits: batch.teacher)
-            if features is not None:
-                hidden = features.take(batch.rollouts.tolist(), batch.ids.shape[1]).to(engine.device)
+            if feature_cache is not None:
+                hidden = feature_cache.take(batch.rollouts.tolist(), batch.ids.shape[1]).to(engine.device)
             else:
                 hidden, batch.teacher = dflash_verifier_pass(teacher, model.config.target_layer_ids, batch, vocab,
                                                              recipe.distill.objective in NEEDS_TEACHER)

@@ -60,12 +60,11 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
         offsets = [0]
         for seq in sequences:
             offsets.append(offsets[-1] + len(seq))
+        width = len(layers) * verifier.config.get_text_config().hidden_size
         with FeatureTap(verifier, layers, stop=True) as tap:
-            probe = tap.run(verifier, input_ids=torch.tensor([sequences[0][:1]], device=device))
-            width = probe.shape[-1]
             partial = folder / (DATA + ".partial")
             with open(partial, "wb") as f:
-                f.truncate(offsets[-1] * width * probe.element_size())
+                f.truncate(offsets[-1] * width * dtype.itemsize)
             data = torch.from_file(str(partial), shared=True, size=offsets[-1] * width, dtype=dtype).view(-1, width)
             order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
             bar = tqdm(total=offsets[-1], desc="features", unit="tok", disable=not progress, dynamic_ncols=True)
