@@ -32,10 +32,10 @@ import torch.distributed as dist
 import yaml
 from tqdm.auto import tqdm
 
-from align.config import Recipe, build_recipe, load_recipe, packing_on, save_recipe
+from align.config import NEEDS_TEACHER, Recipe, build_recipe, load_recipe, packing_on, save_recipe
 from align.distill.backend import Engine, deepspeed_config, list_checkpoints
 from align.distill.denoise import advance, denoise_step
-from align.distill.losses import LOSSES, NEEDS_TEACHER, PER_WINDOW, ce_loss, next_token_loss
+from align.distill.losses import LOSSES, PER_WINDOW, ce_loss, next_token_loss
 from align.distill.packing import (make_packed, next_token_labels, offsets_per_call, packed_logits,
                                    packed_teacher_logits)
 from align.distill.windows import by_prefix_length, make_windows, window_index
@@ -133,7 +133,8 @@ def main(argv: list[str]) -> int:
     feature_cache = None  # data.feature_cache: every rollout's verifier features, computed once (lead) and mapped
     if dflash and recipe.data.feature_cache:
         sequences = [r["prompt_ids"] + r["response_ids"] for r in rows]
-        key = cache_key(teacher, model.config.target_layer_ids, sequences)
+        key = cache_key(data_fingerprint["verifier_fingerprint"], next(teacher.parameters()).dtype,
+                        model.config.target_layer_ids, sequences)
         if lead:
             build_cache(teacher, model.config.target_layer_ids, sequences, key)
         barrier()

@@ -106,11 +106,13 @@ def test_the_feature_caches_key_names_rollouts_verifier_and_layers():
 
     verifier, _ = pair(0)
     other, _ = pair(1)
+    mine, theirs = verifier_fingerprint(verifier), verifier_fingerprint(other)
     seqs = [[4, 5, 6], [7, 8]]
-    key = cache_key(verifier, [0, 1], seqs)
-    assert cache_key(verifier, [0, 1], [[4, 5, 6], [7, 8]]) == key
-    assert len({key, cache_key(other, [0, 1], seqs), cache_key(verifier, [0], seqs),
-                cache_key(verifier, [0, 1], [[4, 5], [6, 7, 8]]), cache_key(verifier.float(), [0, 1], seqs)}) == 5
+    key = cache_key(mine, torch.float64, [0, 1], seqs)
+    assert cache_key(mine, torch.float64, [0, 1], [[4, 5, 6], [7, 8]]) == key
+    assert len({key, cache_key(theirs, torch.float64, [0, 1], seqs), cache_key(mine, torch.float64, [0], seqs),
+                cache_key(mine, torch.float64, [0, 1], [[4, 5], [6, 7, 8]]),
+                cache_key(mine, torch.float32, [0, 1], seqs)}) == 5
 
 
 def test_walking_the_training_passs_streaks_gives_greedy_decodings_blocks():

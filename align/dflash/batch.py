@@ -37,6 +37,16 @@ class DFlashBatch:
         return self.labels.shape[1]
 
 
+def pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (B, longest), right-padded with 0, and the attention mask (1 on each sequence's tokens)."""
+    ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for r, seq in enumerate(seqs):
+        ids[r, :len(seq)] = torch.tensor(seq)
+        attention[r, :len(seq)] = 1
+    return ids, attention
+
+
 def make_batch(rollouts, pairs: torch.Tensor, gamma: int) -> DFlashBatch:
     """Collate windows ``pairs`` (rows of (rollout row, offset t)) of ``rollouts`` (rows with prompt_ids and
     response_ids), grouped by rollout."""
@@ -44,14 +54,11 @@ def make_batch(rollouts, pairs: torch.Tensor, gamma: int) -> DFlashBatch:
     for row, t in pairs.tolist():
         groups.setdefault(row, []).append(t)
     seqs = [rollouts[row]["prompt_ids"] + rollouts[row]["response_ids"] for row in groups]
-    width, most = max(map(len, seqs)), max(map(len, groups.values()))
-    ids = torch.zeros((len(seqs), width), dtype=torch.long)
-    attention = torch.zeros_like(ids)
+    most = max(map(len, groups.values()))
+    ids, attention = pad(seqs)
     starts = torch.full((len(seqs), most), -1, dtype=torch.long)
     slot_of = {}
-    for r, ((row, ts), seq) in enumerate(zip(groups.items(), seqs)):
-        ids[r, :len(seq)] = torch.tensor(seq)
-        attention[r, :len(seq)] = 1
+    for r, (row, ts) in enumerate(groups.items()):
         prompt = len(rollouts[row]["prompt_ids"])
         for w, t in enumerate(ts):
             starts[r, w] = prompt + t - 1

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from align.dflash.drafter import verifier_fingerprint
+from align.dflash.batch import pad
 from align.features import FeatureTap
 from align.locks import exclusive
 from align.paths import cache_dir
@@ -33,14 +33,14 @@ INDEX = "index.json"
 DATA = "features.bin"
 
 
-def cache_key(verifier: Any, layers: list[int], sequences: list[list[int]]) -> str:
-    """The cache's name: a digest of every rollout's tokens, the verifier's weights, the layers and the dtype."""
+def cache_key(fingerprint: str, dtype: torch.dtype, layers: list[int], sequences: list[list[int]]) -> str:
+    """The cache's name: a digest of every rollout's tokens, the verifier's weights (``verifier_fingerprint``, which
+    does not tell float32 from bfloat16), its dtype and the layers."""
     digest = hashlib.sha256()
     for seq in sequences:
         digest.update(torch.tensor(seq, dtype=torch.int64).numpy().tobytes())
         digest.update(b"|")
-    dtype = str(next(verifier.parameters()).dtype)
-    digest.update(json.dumps([verifier_fingerprint(verifier), list(layers), dtype]).encode())
+    digest.update(json.dumps([fingerprint, str(dtype), list(layers)]).encode())
     return digest.hexdigest()[:16]
 
 
@@ -74,12 +74,7 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
                 while hi < len(order) and (hi - lo + 1) * len(sequences[order[hi]]) <= batch_tokens:
                     hi += 1
                 rows = order[lo:hi]
-                longest = len(sequences[rows[-1]])
-                ids = torch.zeros((len(rows), longest), dtype=torch.long)
-                attention = torch.zeros_like(ids)
-                for r, i in enumerate(rows):
-                    ids[r, :len(sequences[i])] = torch.tensor(sequences[i])
-                    attention[r, :len(sequences[i])] = 1
+                ids, attention = pad([sequences[i] for i in rows])
                 out = tap.run(verifier, input_ids=ids.to(device), attention_mask=attention.to(device),
                               use_cache=False).to("cpu", dtype)
                 for r, i in enumerate(rows):

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from align.config import NEEDS_TEACHER  # noqa: F401 (objectives that read the verifier's logits)
 from align.metrics import expected_streak
 
 CHUNK_ELEMENTS = 1 << 24  # at most this many floats of temporaries per chunk (64 MB)
