@@ -1,7 +1,7 @@
 """``make real``: the two real pairs from nothing to a report, every stage through the project's own commands.
 
     make real                                  # install, then this script (what a user runs)
-    python bench/real.py [--pairs smollm2,gemma3] [--eval-only]
+    python bench/real.py [--pairs smollm2,gemma3] [--eval-only] [--dflash]
 
 Stages, each timed (``runs/real/stages.json``):
 
@@ -16,6 +16,9 @@ Stages, each timed (``runs/real/stages.json``):
 4. per pair: greedy losslessness in bfloat16 (exact / near-tie / mismatch), and sampling losslessness at a small
    scale: the first two generated tokens of speculative sampling against the verifier's exact distribution;
 5. ``runs/real/report.md``: the tables (``eval/report.py``) of every evaluation, the probe beside the seed's figures.
+
+With ``--dflash``, the SmolLM2 pair also builds and trains the feature-conditioned drafter
+(``recipes/smollm2-dflash.yaml``, on the same rollouts) and measures it in the same loop as the other two.
 """
 
 from __future__ import annotations
@@ -62,8 +65,14 @@ def run(stage: str, command: list[str], times: dict) -> None:
         raise SystemExit(f"stage {stage} failed (exit status {done.returncode}); rerun make real: it resumes")
 
 
-def evaluate(pair: str, suite: str, per_category: int | None, tokens: int, times: dict, full: bool = False) -> None:
+DFLASH = {"smollm2": "recipes/smollm2-dflash.yaml"}  # pair -> its feature-conditioned drafter's recipe (--dflash)
+
+
+def evaluate(pair: str, suite: str, per_category: int | None, tokens: int, times: dict, full: bool = False,
+             dflash: bool = False) -> None:
     extra = ["--per-category", str(per_category)] if per_category and suite == "specbench" else []
+    if dflash and pair in DFLASH:
+        extra += ["--dflash-drafter", f"runs/{Path(DFLASH[pair]).stem}/final"]
     run(f"eval {pair} {suite}",
         [sys.executable, "-m", "eval.acceptance", "--ckpt", final(pair), "--suite", suite, *extra,
          *(FULL if full else GRIDS[(pair, suite)]), "--max-new-tokens", str(tokens), "--out", str(OUT / "eval" / f"{pair}-{suite}")], times)
@@ -87,6 +96,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--samples", type=int, default=300, help="speculative samples of the sampling check")
     p.add_argument("--eval-only", action="store_true", help="skip the zoo and training stages (already done)")
+    p.add_argument("--dflash", action="store_true", help="also the feature-conditioned drafter of the pairs that have "
+                   "one (" + ", ".join(DFLASH) + "): its zoo model, its training, its evaluation beside the others")
     p.add_argument("--full", action="store_true", help="every suite of every pair at the whole grid (greedy and "
                    "sampled, γ 8 and 16, K 1 and 4): about two hours on 2 CPU cores")
     args = p.parse_args()
@@ -97,16 +108,19 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     times = json.loads((OUT / "stages.json").read_text()) if (OUT / "stages.json").is_file() else {}
     if not args.eval_only:
-        names = list(dict.fromkeys(n for pair in pairs for n in ZOO[pair]))
+        names = list(dict.fromkeys(n for pair in pairs for n in ZOO[pair] + (
+            [f"{pair}-dflash"] if args.dflash and pair in DFLASH else [])))
         for name in names:
             run(f"zoo {name}", [sys.executable, "-m", "align.zoo", "build", name], times)
         for pair in pairs:
             recipe = PAIRS[pair]
             run(f"rollouts {pair}", [sys.executable, "-m", "align.rollouts", recipe], times)
             run(f"align {pair}", [sys.executable, "align/train.py", recipe], times)
+            if args.dflash and pair in DFLASH:
+                run(f"align {pair} dflash", [sys.executable, "align/train.py", DFLASH[pair]], times)
     for pair in pairs:
-        evaluate(pair, "probe8", None, args.max_new_tokens, times, args.full)
-        evaluate(pair, "specbench", args.per_category, args.max_new_tokens, times, args.full)
+        evaluate(pair, "probe8", None, args.max_new_tokens, times, args.full, args.dflash)
+        evaluate(pair, "specbench", args.per_category, args.max_new_tokens, times, args.full, args.dflash)
         lossless_bf16(pair, args.max_new_tokens, times)
         run(f"sampling check {pair}", [sys.executable, "bench/sampling_check.py", "--ckpt", final(pair),
                                        "--samples", str(round(args.samples * SAMPLES[pair])),

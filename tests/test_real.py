@@ -66,6 +66,35 @@ def test_a_dream_drafter_from_smollm2_decodes_losslessly(smollm2):
         assert out.stats.blocks  # it drafted
 
 
+def test_a_dflash_drafter_for_smollm2_reads_its_layers_and_decodes_losslessly(smollm2):
+    """zoo:smollm2-dflash: random layers of SmolLM2's width reading its layers 1, 14 and 27, masking with a token of
+    its own vocabulary; untrained, and the output is still the verifier's, token for token."""
+    from align.loading import load_dflash_drafter, load_tokenizer, load_verifier_model, shared_vocab_size
+    from align.prompts import encode_prompt
+    from align.speculative import SpeculativeDecoder
+    from align.verifier import Verifier, ar_generate, eos_ids
+    from align.zoo import model_dir
+    from align.zoo.build import build
+
+    build(["smollm2-dflash"])
+    path = model_dir("smollm2-dflash")
+    model, tokenizer = load_verifier_model(str(smollm2))
+    vocab = shared_vocab_size(load_tokenizer(str(path), "dflash drafter"), tokenizer, str(path), str(smollm2))
+    drafter = load_dflash_drafter(path, model, vocab)
+    assert drafter.verifier_layers == [1, 14, 27] and vocab == 49_152
+    assert tokenizer.convert_ids_to_tokens(drafter.mask_token_id) == "<empty_output>"
+    trainable = sum(p.numel() for p in drafter.model.parameters())
+    layers = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
+    assert trainable <= layers / 4, (trainable, layers)
+    eos = eos_ids(model, tokenizer)
+    decoder = SpeculativeDecoder(drafter, Verifier(model), eos)
+    for text in ("List three fruits as JSON", "The capital of France is"):
+        prompt = encode_prompt(tokenizer, text)
+        out = decoder.generate(prompt, 16, gamma=8)
+        assert out.tokens == ar_generate(model, prompt, 16, eos_token_ids=eos)
+        assert out.stats.blocks
+
+
 def test_missing_packages_and_wrong_checksums_are_one_clear_error(monkeypatch, tmp_path):
     import importlib.metadata
 

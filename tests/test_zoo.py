@@ -99,10 +99,11 @@ def test_zoo_cli_lists_and_refuses_unknown_names(mini_cache):
                             timeout=120)
     assert result.returncode == 2 and result.stderr.strip() == (
         "error: unknown zoo model 'tiny-nope'; the zoo has: tiny-verifier, tiny-diffusiongemma, tiny-mdlm, tiny-dflash, "
-        "smollm2-135m-instruct, gemma3-270m, smollm2-prompts, smollm2-dream, gemma3-diffusiongemma, replica-gemma4-verifier, "
+        "smollm2-135m-instruct, gemma3-270m, smollm2-prompts, smollm2-dream, gemma3-diffusiongemma, smollm2-dflash, "
+        "replica-gemma4-verifier, "
         "replica-diffusiongemma, replica-qwen2.5-verifier, replica-diffucoder")
     listing = subprocess.run([sys.executable, "-m", "align.zoo", "list"], capture_output=True, text=True, timeout=120)
-    assert listing.returncode == 0 and listing.stdout.count("not built") == 13
+    assert listing.returncode == 0 and listing.stdout.count("not built") == 14
 
 
 def test_a_model_transformers_would_not_write_is_an_error_not_an_empty_folder(tmp_path, monkeypatch, tokenizer_dir):

@@ -210,6 +210,8 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
             (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
         print(f"saved zoo:{name}: {len(rows)} prompts (dropped: {dropped}) into {model_dir(name)}", flush=True)
         return True
+    if r["family"] == "dflash":
+        return _build_real_dflash(name, r, spec, start)
     from align.zoo.adapt import adapt, text_docs
     from align.zoo.derive import diffusiongemma_from_gemma3, dream_from_llama
     from align.zoo.text import build_text, read_text
@@ -245,6 +247,30 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
         "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
     }, [Path(__file__).parents[1] / "models" / "dream.py"] if r["family"] == "dream" else [])
     checkpoint.unlink(missing_ok=True)
+    return True
+
+
+def _build_real_dflash(name: str, r: dict, spec: ZooSpec, start: float) -> bool:
+    """A feature-conditioned drafter for a real verifier: random weights sized from its config, its tokenizer, and
+    as mask token one of the verifier's own tokens (``r["mask_token"]``: the drafter embeds with the verifier's
+    embeddings, so it needs no new row)."""
+    from transformers import AutoConfig
+
+    if not is_built(r["verifier"]):
+        _build_real(r["verifier"], spec, False)
+    source = model_dir(r["verifier"])
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    mask = tokenizer.convert_tokens_to_ids(r["mask_token"])
+    if mask is None or mask == tokenizer.unk_token_id:
+        raise AlignError(f"zoo:{name}: the verifier's tokenizer has no token {r['mask_token']!r} to mask with")
+    config = AutoConfig.from_pretrained(str(source))
+    text = config.get_text_config()
+    model = dflash_model(config, r["target_layers"], mask, r["layers"], text.intermediate_size,
+                         kv_heads=text.num_key_value_heads, head_dim=getattr(text, "head_dim", None), seed=spec.seed)
+    _save(name, model, tokenizer, {
+        "name": name, "description": MODELS[name], "spec": {"real": {name: r}, "seed": spec.seed},
+        "verifier": f"zoo:{r['verifier']}", "parameters": sum(p.numel() for p in model.parameters()),
+        "seconds": round(time.time() - start, 1)})
     return True
 
 

@@ -139,16 +139,21 @@ def convert(name: str, out: Path) -> dict[str, Any]:
             "licence": [Path(r).name for r in spec.licence]}
 
 
-#: how the zoo builds what it makes from the real verifiers (the defaults of ``ZooSpec.real``): the Magpie prompts, and
+#: how the zoo builds what it makes from the real verifiers (the defaults of ``ZooSpec.real``): the Magpie prompts;
 #: the drafters made from the verifier's first `layers` layers (align/zoo/derive.py), adapted on English text
-#: (align/zoo/adapt.py) for `steps` batches of `batch_size` pieces of `seq` tokens
+#: (align/zoo/adapt.py) for `steps` batches of `batch_size` pieces of `seq` tokens; and a feature-conditioned drafter
+#: (align.dflash) of `layers` new layers with the verifier's width, reading its `target_layers`, random weights (it
+#: learns from the verifier's rollouts alone, as DFlash drafters do), its mask token one the verifier never writes
 REAL_BUILDS = {
     "smollm2-prompts": {"model": "smollm2-135m-instruct", "count": 480, "seed": 0},
     "smollm2-dream": {"verifier": "smollm2-135m-instruct", "family": "dream", "layers": 6, "steps": 100,
                       "batch_size": 16, "seq": 128, "lr": 2e-4},
     "gemma3-diffusiongemma": {"verifier": "gemma3-270m", "family": "diffusiongemma", "layers": 6, "steps": 80,
                               "batch_size": 4, "seq": 96, "lr": 2e-4, "offsets": 2, "next_token": 1.0},
+    "smollm2-dflash": {"verifier": "smollm2-135m-instruct", "family": "dflash", "layers": 3,
+                       "target_layers": [1, 14, 27], "mask_token": "<empty_output>"},
 }
+ADAPTED = ("dream", "diffusiongemma")  # the families made from the verifier's layers and adapted on English text
 
 
 def sources(name: str) -> tuple[str, bool]:
@@ -157,7 +162,7 @@ def sources(name: str) -> tuple[str, bool]:
     if name in REAL_VERIFIERS:
         return name, False
     spec = REAL_BUILDS[name]
-    return spec.get("verifier", spec.get("model")), "family" in spec
+    return spec.get("verifier", spec.get("model")), spec.get("family") in ADAPTED
 
 
 def check_sources(name: str) -> None:

@@ -18,6 +18,8 @@ MODELS = {
     "smollm2-prompts": "training prompts SmolLM2-135M-Instruct writes itself (Magpie), none from the evaluation sets",
     "smollm2-dream": "Dream-style drafter made from SmolLM2-135M-Instruct's first layers, adapted on English text",
     "gemma3-diffusiongemma": "DiffusionGemma drafter made from Gemma 3 270M's first layers, adapted on English text",
+    "smollm2-dflash": "feature-conditioned block drafter reading SmolLM2-135M-Instruct's layers 1, 14 and 27 "
+                      "(random weights)",
     # random-weight replicas of the shipped recipes' models, shrunk (align/zoo/replicas.py); not built by default
     "replica-gemma4-verifier": "Gemma4ForConditionalGeneration replica of gemma-4-26B-A4B-it (random weights)",
     "replica-diffusiongemma": "DiffusionGemmaForBlockDiffusion replica of diffusiongemma-26B-A4B-it (random weights)",
@@ -27,7 +29,8 @@ MODELS = {
 #: what `python -m align.zoo build` builds when no name is given
 DEFAULT_BUILD = ("tiny-verifier", "tiny-diffusiongemma", "tiny-mdlm")
 #: the real models (align/zoo/real.py, derive.py, adapt.py): they need no tiny world
-REAL = ("smollm2-135m-instruct", "gemma3-270m", "smollm2-prompts", "smollm2-dream", "gemma3-diffusiongemma")
+REAL = ("smollm2-135m-instruct", "gemma3-270m", "smollm2-prompts", "smollm2-dream", "gemma3-diffusiongemma",
+        "smollm2-dflash")
 
 
 def world_dir() -> Path:
