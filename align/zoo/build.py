@@ -210,15 +210,15 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
             (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
         print(f"saved zoo:{name}: {len(rows)} prompts (dropped: {dropped}) into {model_dir(name)}", flush=True)
         return True
+    source = model_dir(r["verifier"])
+    if not is_built(r["verifier"]):
+        _build_real(r["verifier"], spec, False)
     if r["family"] == "dflash":
-        return _build_real_dflash(name, r, spec, start)
+        return _build_real_dflash(name, r, source, spec, start)
     from align.zoo.adapt import adapt, text_docs
     from align.zoo.derive import diffusiongemma_from_gemma3, dream_from_llama
     from align.zoo.text import build_text, read_text
 
-    source = model_dir(r["verifier"])
-    if not is_built(r["verifier"]):
-        _build_real(r["verifier"], spec, False)
     text = cache_dir() / "text"
     if not (text / "english.jsonl").is_file():
         print(f"extracting English text for adaptation from the packages in {packages_dir()}", flush=True)
@@ -250,15 +250,12 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
     return True
 
 
-def _build_real_dflash(name: str, r: dict, spec: ZooSpec, start: float) -> bool:
-    """A feature-conditioned drafter for a real verifier: random weights sized from its config, its tokenizer, and
-    as mask token one of the verifier's own tokens (``r["mask_token"]``: the drafter embeds with the verifier's
-    embeddings, so it needs no new row)."""
+def _build_real_dflash(name: str, r: dict, source: Path, spec: ZooSpec, start: float) -> bool:
+    """A feature-conditioned drafter for the real verifier in ``source``: random weights sized from its config, its
+    tokenizer, and as mask token one of the verifier's own tokens (``r["mask_token"]``: the drafter embeds with the
+    verifier's embeddings, so it needs no new row)."""
     from transformers import AutoConfig
 
-    if not is_built(r["verifier"]):
-        _build_real(r["verifier"], spec, False)
-    source = model_dir(r["verifier"])
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     mask = tokenizer.convert_tokens_to_ids(r["mask_token"])
     if mask is None or mask == tokenizer.unk_token_id:

@@ -143,7 +143,7 @@ def convert(name: str, out: Path) -> dict[str, Any]:
 #: the drafters made from the verifier's first `layers` layers (align/zoo/derive.py), adapted on English text
 #: (align/zoo/adapt.py) for `steps` batches of `batch_size` pieces of `seq` tokens; and a feature-conditioned drafter
 #: (align.dflash) of `layers` new layers with the verifier's width, reading its `target_layers`, random weights (it
-#: learns from the verifier's rollouts alone, as DFlash drafters do), its mask token one the verifier never writes
+#: learns from the verifier's rollouts alone, as DFlash drafters do), masking with one of the verifier's own tokens
 REAL_BUILDS = {
     "smollm2-prompts": {"model": "smollm2-135m-instruct", "count": 480, "seed": 0},
     "smollm2-dream": {"verifier": "smollm2-135m-instruct", "family": "dream", "layers": 6, "steps": 100,
