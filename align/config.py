@@ -134,7 +134,10 @@ class DistillConfig:
     denoise_steps: int = option(1, "T that decoding will use: each micro-batch trains at a step k drawn from "
                                 "0..T-1 of its confidence schedule (k passes without gradient commit the drafter's most "
                                 "confident tokens, self-conditioning on the last; align/distill/denoise.py). 1: every "
-                                "window fully noised.", min=1, max=64)
+                                "window fully noised. dflash: T passes fill the block left to right, each its share "
+                                "of the positions with the rows before holding the tokens drafted so far; a window "
+                                "trains one pass drawn uniformly, those rows holding its labels (docs/dflash.md).",
+                                min=1, max=64)
 
 
 @dataclass
@@ -446,18 +449,17 @@ def _check_recipe(recipe: Recipe) -> None:
 
 
 def _check_dflash(recipe: Recipe) -> None:
-    """What the feature-conditioned drafter cannot do: it drafts a block in one pass from the verifier's features,
-    and has no embeddings, prefix encoder or canvas of its own."""
+    """What the feature-conditioned drafter cannot do: it drafts a block from the verifier's features (in T passes
+    left to right, not by confidence), and has no embeddings, prefix encoder or canvas of its own."""
     d = recipe.distill
-    for key, value, fix in (("distill.denoise_steps", d.denoise_steps != 1, "1"),
-                            ("distill.next_token_weight", d.next_token_weight != 0, "0"),
+    for key, value, fix in (("distill.next_token_weight", d.next_token_weight != 0, "0"),
                             ("distill.first_token", d.first_token != "canvas", "canvas"),
                             ("distill.canvas_seed", d.canvas_seed is not None, "null"),
                             ("lora.r", recipe.lora.r != 0, "0"),
                             ("drafter.freeze_embeddings", recipe.drafter.freeze_embeddings, "false"),
                             ("data.packing", recipe.data.packing is False, "null")):
         if value:
-            raise RecipeError(f"recipe key {key} does not apply to the dflash drafter (one pass over the verifier's "
+            raise RecipeError(f"recipe key {key} does not apply to the dflash drafter (it drafts from the verifier's "
                               f"features; the verifier's embeddings and head, always frozen): set {key}: {fix}")
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--family", default=None, help="drafter family (diffusiongemma, mdlm, dream); default: detected")
     p.add_argument("--prompt", required=True, help="the prompt (the chat template is applied when there is one)")
     p.add_argument("--gamma", type=int, default=16, help="draft tokens per block")
-    p.add_argument("--steps", type=int, default=1, help="denoising steps per block")
+    p.add_argument("--steps", type=int, default=None,
+                   help="denoising steps (drafter passes) per block; default: the T the drafter was trained for (its "
+                        "meta.json's denoise_steps), 1 for a drafter that is not an export")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; >0: sampling")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
@@ -48,12 +50,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     from align.zoo import resolve
-    from align.loading import check_model_folder, infer_family
+    from align.loading import check_model_folder, infer_family, trained_steps
 
     args = parse_args(argv)
     check_model_folder(args.drafter, "drafter")  # both before either is built or loaded
     check_model_folder(args.verifier, "verifier")
     family = args.family or infer_family(resolve(args.drafter), args.trust_remote_code)
+    if args.steps is None:
+        args.steps = trained_steps(args.drafter)
     drafter, verifier, tokenizer = load_pair(args.drafter, args.verifier, family, args.dtype, args.trust_remote_code,
                                              device=args.device)
     decoder = SpeculativeDecoder(drafter, verifier, eos_ids(verifier.model, tokenizer))

@@ -52,6 +52,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         "base_drafter": recipe.drafter.path, "family": recipe.drafter.family, "verifier": recipe.verifier.path,
         "objective": recipe.distill.objective, "gamma": recipe.distill.gamma,
         "canvas_seed": recipe.distill.canvas_seed, "first_token": recipe.distill.first_token,
+        "denoise_steps": recipe.distill.denoise_steps,  # the T decoding drafts in by default (dflash)
         # what the drafter read of the prefix in training; align.drafter.Drafter decides who re-reads it
         "context": recipe.data.max_prefix_len,
         "temperature": recipe.distill.temperature, "steps": state["step"], "run": recipe.run.name,

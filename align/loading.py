@@ -100,21 +100,33 @@ def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_rem
     return model.eval(), load_tokenizer(path, "drafter", trust_remote_code)
 
 
-def drafting_of(path: str) -> dict[str, Any]:
-    """How an exported drafter drafts, as its training set it (its meta.json; defaults for a folder that is not an
-    export): ``canvas_seed``, the fixed canvas it was trained on (None: a fresh draw per block), ``first_token``, what
-    drafts a block's first token, and ``context``, the prefix tokens a bidirectional drafter reads (its training's
-    ``data.max_prefix_len``; None: all). Keyword arguments of :class:`align.drafter.Drafter`."""
+def export_meta(path: str) -> dict[str, Any]:
+    """An exported drafter's meta.json ({} for a folder that is not an export, or an unreadable file)."""
     meta = Path(resolve(str(path))) / "meta.json"
     try:
         found = json.loads(meta.read_text()) if meta.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError):
         found = {}
-    found = found if isinstance(found, dict) else {}
+    return found if isinstance(found, dict) else {}
+
+
+def drafting_of(path: str) -> dict[str, Any]:
+    """How an exported drafter drafts, as its training set it (its meta.json; defaults for a folder that is not an
+    export): ``canvas_seed``, the fixed canvas it was trained on (None: a fresh draw per block), ``first_token``, what
+    drafts a block's first token, and ``context``, the prefix tokens a bidirectional drafter reads (its training's
+    ``data.max_prefix_len``; None: all). Keyword arguments of :class:`align.drafter.Drafter`."""
+    found = export_meta(path)
     seed, first, context = found.get("canvas_seed"), found.get("first_token"), found.get("context")
     return {"canvas_seed": seed if isinstance(seed, int) else None,
             "first_token": first if first in FIRST_TOKEN else "canvas",
             "context": context if isinstance(context, int) and context > 0 else None}
+
+
+def trained_steps(path: str) -> int:
+    """The T (drafter passes per block) an exported drafter was trained for: its recipe's distill.denoise_steps, 1
+    for a folder that is not an export or an export from before the key was recorded."""
+    steps = export_meta(path).get("denoise_steps")
+    return steps if isinstance(steps, int) and steps > 0 else 1
 
 
 def check_model_folder(path: str, role: str) -> None:
@@ -182,9 +194,16 @@ def shared_vocab_size(drafter_tokenizer: Any, verifier_tokenizer: Any, drafter_n
 def load_pair(drafter_path: str, verifier_path: str, family: str, dtype: str = "float32",
               trust_remote_code: bool = False, mask_token_id: int | None = None,
               drafter_dtype: str | None = None, device: str | None = None) -> tuple[Drafter, Verifier, Any]:
-    """(Drafter, Verifier, tokenizer) on ``device`` (default: the accelerator when present), vocabulary checked."""
+    """(Drafter, Verifier, tokenizer) on ``device`` (default: the accelerator when present), vocabulary checked; a
+    dflash drafter is a :class:`DFlashDrafter` reading this verifier (refused unless trained on it)."""
     device = device or default_device()
     verifier_model, tokenizer = load_verifier_model(verifier_path, dtype, device)
+    if family == DFLASH:
+        vocab = shared_vocab_size(load_tokenizer(resolve(drafter_path), "dflash drafter"), tokenizer, drafter_path,
+                                  verifier_path)
+        drafter = load_dflash_drafter(resolve(drafter_path), verifier_model, vocab, drafter_dtype or dtype, device,
+                                      verifier_path)
+        return drafter, Verifier(verifier_model), tokenizer
     drafter_model, drafter_tokenizer = load_drafter_model(drafter_path, family, drafter_dtype or dtype,
                                                           trust_remote_code, device)
     vocab = shared_vocab_size(drafter_tokenizer, tokenizer, drafter_path, verifier_path)

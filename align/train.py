@@ -49,7 +49,8 @@ from align.loading import (check_model_folder, default_device, load_drafter_mode
 from align.metrics import expected_streak, walk_blocks
 from align.rollouts import generate_rollouts, rollout_meta
 from align.dflash import FAMILY as DFLASH, verifier_fingerprint
-from align.dflash.batch import drafter_logits as dflash_logits, make_batch as make_dflash_batch
+from align.dflash.batch import drafted_logits as dflash_drafted, drafter_logits as dflash_logits
+from align.dflash.batch import make_batch as make_dflash_batch, training_given, uncommitted
 from align.dflash.batch import verifier_pass as dflash_verifier_pass
 from align.dflash.cache import FeatureCache, build_cache, cache_key
 from align.drafter import FAMILIES
@@ -154,9 +155,9 @@ def main(argv: list[str]) -> int:
 
     packed = packing_on(recipe)  # training windows share their rollout's encoder pass; evaluation stays per window
 
-    def batch_of(pairs: torch.Tensor, pack: bool = False):
+    def batch_of(pairs: torch.Tensor, pack: bool = False, given: torch.Tensor | None = None):
         if dflash:  # every window of a rollout in one pass, for training and evaluation alike
-            return make_dflash_batch(rows, pairs, gamma).to(engine.device)
+            return make_dflash_batch(rows, pairs, gamma, given).to(engine.device)
         make = make_packed if pack else make_windows
         return make(rows, pairs, gamma, recipe.data.max_prefix_len, d.family, mask_id, vocab, recipe.run.seed,
                     canvas_seed=recipe.distill.canvas_seed).to(engine.device)
@@ -179,7 +180,9 @@ def main(argv: list[str]) -> int:
 
     def drafted(batch) -> torch.Tensor:
         """The logits decoding drafts a block of ``batch``'s windows from: the canvas's, the first row the encoder's
-        next-token prediction with ``distill.first_token: encoder``."""
+        next-token prediction with ``distill.first_token: encoder``; dflash: its T passes, left to right."""
+        if dflash:
+            return dflash_drafted(forward, batch, recipe.distill.denoise_steps)
         if recipe.distill.first_token == "canvas":
             return forward(batch)
         logits, first = forward(batch, next_token=True)
@@ -250,15 +253,22 @@ def main(argv: list[str]) -> int:
         windows = train_pairs[order.take(step * t.global_batch_size, t.global_batch_size)]
         if not packed:  # micro-batches of near prefix lengths pad less; the batch's sums stay the same
             windows = by_prefix_length(rows, windows, recipe.data.max_prefix_len)
-        dens = denominators(windows, lengths, gamma, recipe)  # known from the labels alone, for the whole batch
+        given = None  # dflash, T > 1: per window, the mask rows that hold their labels (the pass it trains)
+        if dflash and recipe.distill.denoise_steps > 1:
+            valid = torch.tensor([min(gamma, lengths[row] - t) for row, t in windows.tolist()])
+            draw = torch.Generator().manual_seed(zlib.crc32(f"given/{recipe.run.seed}/{step}".encode()))
+            given = training_given(valid, gamma, recipe.distill.denoise_steps, draw)
+        dens = denominators(windows, lengths, gamma, recipe, given)  # known from the labels alone, for the whole batch
         next_den = next_token_denominator(windows, lengths, t.micro_batch_size) if next_weight else 1.0
         share = objective_share(recipe, step)  # of the objective; cross-entropy takes the rest, plus ce_weight
         ce_share = (1.0 - share) + recipe.distill.ce_weight
         total = torch.zeros(1, dtype=torch.float64)
         for micro in range(accumulation):
             lo = (micro * world + rank) * t.micro_batch_size
-            batch = batch_of(windows[lo:lo + t.micro_batch_size], pack=packed)
-            k, self_conditioning = denoise_step(recipe.distill.denoise_steps, recipe.run.seed, step, micro), None
+            batch = batch_of(windows[lo:lo + t.micro_batch_size], pack=packed,
+                             given=None if given is None else given[lo:lo + t.micro_batch_size])
+            k, self_conditioning = 0 if dflash else denoise_step(recipe.distill.denoise_steps, recipe.run.seed, step,
+                                                                 micro), None
             if k:  # T > 1: the canvases decoding has at step k (align/distill/denoise.py)
                 noise = torch.Generator(engine.device).manual_seed(zlib.crc32(f"{recipe.run.seed}/{step}/{micro}/"
                                                                               f"{rank}".encode()))
@@ -266,7 +276,9 @@ def main(argv: list[str]) -> int:
                                                    FAMILIES[d.family].masked, vocab, noise)
             logits = forward(batch, self_conditioning, next_token=bool(next_weight))
             logits, next_logits = logits if next_weight else (logits, None)
-            logits = logits[..., :vocab]
+            logits, labels = logits[..., :vocab], batch.labels
+            if dflash:  # a later pass of T: the rows it drafts, as a block of their own
+                labels, logits, batch.teacher = uncommitted(batch.given, labels, logits, batch.teacher)
             loss = torch.zeros((), device=logits.device)
             if next_weight:  # the prefix pass as a next-token predictor, every response token a label
                 term = next_token_loss(next_logits[..., :vocab], next_token_labels(batch)[1], temperature)
@@ -277,10 +289,10 @@ def main(argv: list[str]) -> int:
                     target = batch.teacher  # from the pass that gave the features
                 elif teacher is not None:
                     target = (packed_teacher_logits if packed else teacher_logits)(teacher, batch, vocab)
-                term = loss_fn(logits, batch.labels, temperature, target)
+                term = loss_fn(logits, labels, temperature, target)
                 loss = loss + share * term.num / dens[0]
             if ce_share:
-                loss = loss + ce_share * ce_loss(logits, batch.labels, temperature).num / dens[1]
+                loss = loss + ce_share * ce_loss(logits, labels, temperature).num / dens[1]
             if not all_finite(loss):
                 raise AlignError(stop_on_nonfinite(checkpoints, step, lead))
             engine.backward(loss * accumulation * world)  # DeepSpeed averages over micro-batches and processes
@@ -441,9 +453,13 @@ def objective_share(recipe: Recipe, step: int) -> float:
     return min(1.0, step / span)
 
 
-def denominators(windows: torch.Tensor, lengths: list[int], gamma: int, recipe: Recipe) -> torch.Tensor:
-    """(den of the objective, den of cross-entropy) for a whole global batch, from the window lengths alone."""
+def denominators(windows: torch.Tensor, lengths: list[int], gamma: int, recipe: Recipe,
+                 given: torch.Tensor | None = None) -> torch.Tensor:
+    """(den of the objective, den of cross-entropy) for a whole global batch, from the window lengths alone (less
+    the rows that hold their labels, ``given``)."""
     valid = torch.tensor([min(gamma, lengths[row] - t) for row, t in windows.tolist()], dtype=torch.float64)
+    if given is not None:
+        valid = valid - given.double()
     per_window = recipe.distill.objective in PER_WINDOW
     return torch.stack([torch.tensor(float(len(windows))) if per_window else valid.sum(), valid.sum()]).float()
 

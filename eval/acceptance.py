@@ -62,6 +62,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--verifier", default=None, help="verifier path (default: meta.json's verifier)")
     p.add_argument("--dflash-drafter", default=None, help="also measure this feature-conditioned drafter (an export "
                    "of a dflash recipe, trained against the same verifier) in the same loop")
+    p.add_argument("--dflash-steps", type=comma_list(int), default=None,
+                   help="drafter passes per block (T) of the dflash drafter (comma list; default: the T it was "
+                        "trained for, its meta.json's denoise_steps); --steps sets the other drafters'")
     p.add_argument("--ar-drafter", default=None, help="also measure this autoregressive drafter (python -m "
                    "align.baseline train): standard speculative decoding, label 'ar'")
     p.add_argument("--family", default=None, help="drafter family (default: meta.json's, or detected)")
@@ -103,10 +106,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def check_args(args: argparse.Namespace) -> None:
     if args.per_category is not None and args.per_category < 1:
         raise AlignError(f"--per-category must be at least 1, got {args.per_category}")
-    for name in ("gamma", "steps", "k"):
-        bad = [v for v in getattr(args, name) if v < 1]
+    for name in ("gamma", "steps", "k", "dflash_steps"):
+        bad = [v for v in getattr(args, name) or [] if v < 1]
         if bad:
-            raise AlignError(f"--{name} values must be at least 1, got {bad[0]}")
+            raise AlignError(f"--{name.replace('_', '-')} values must be at least 1, got {bad[0]}")
     if any(t < 0 for t in args.temperature):
         raise AlignError("--temperature values must be >= 0")
     if args.suite and args.prompts:
@@ -192,12 +195,14 @@ def main(argv: list[str]) -> int:
         ([("ar", args.ar_drafter, "ar")] if args.ar_drafter else []) + \
         ([("dflash", args.dflash_drafter, DFLASH)] if args.dflash_drafter else [])
     for label, path, kind in drafters:
+        swept = settings(args)
         if kind == DFLASH:  # it reads the verifier's features: refused unless it was trained on this verifier
-            from align.loading import load_dflash_drafter, load_tokenizer
+            from align.loading import load_dflash_drafter, load_tokenizer, trained_steps
 
             vocab = shared_vocab_size(load_tokenizer(resolve(path), "dflash drafter"), tokenizer, path, verifier_path)
             drafter = load_dflash_drafter(resolve(path), verifier_model, vocab, args.dtype, device, verifier_path)
             model = drafter.model
+            swept = settings(args, args.dflash_steps or [trained_steps(path)])
         elif kind == "ar":
             from align.baseline import load_ar_drafter
             from align.loading import load_tokenizer
@@ -210,8 +215,8 @@ def main(argv: list[str]) -> int:
             vocab = shared_vocab_size(drafter_tokenizer, tokenizer, path, verifier_path)
             drafter = Drafter(model, family, vocab, drafter_tokenizer.mask_token_id, **drafting_of(path))
         decoder = SpeculativeDecoder(drafter, verifier, eos)
-        decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], args.steps[0])  # warm-up, untimed
-        for setting in settings(args):
+        decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], swept[0]["steps"])  # warm-up, untimed
+        for setting in swept:
             runs = []
             for seed in args.seed:
                 try:
@@ -314,10 +319,11 @@ def first_per_category(prompts: list[dict], n: int | None) -> list[dict]:
     return out
 
 
-def settings(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every combination of the swept flags; selection flags only vary where K > 1."""
+def settings(args: argparse.Namespace, steps: list[int] | None = None) -> list[dict[str, Any]]:
+    """Every combination of the swept flags (``steps`` instead of ``--steps``); selection flags only vary where
+    K > 1."""
     out = []
-    for gamma, steps, temperature, k in itertools.product(args.gamma, args.steps, args.temperature, args.k):
+    for gamma, steps, temperature, k in itertools.product(args.gamma, steps or args.steps, args.temperature, args.k):
         combos = [(None, None, None)]
         if k > 1:  # the swap generator does not sample: the drafter temperature does not apply to it
             combos = [(s, c, t) for s in args.scorer for c in args.candidates

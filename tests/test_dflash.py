@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from align.dflash import DFlashDrafter, check_verifier, verifier_fingerprint
-from align.dflash.batch import drafter_logits, make_batch, verifier_pass
+from align.dflash.batch import (chunks, drafted_logits, drafter_logits, make_batch, training_given, uncommitted,
+                                verifier_pass)
 from align.errors import AlignError
 from align.lossless import chi_square_p
 from align.metrics import walk_blocks
@@ -33,8 +34,8 @@ def pair(seed: int, vocab: int = 64, layers=(0, 1), dtype=torch.float64):
 
 
 def test_greedy_decoding_is_the_verifiers_own_output():
-    """Random pairs, γ 1/4/16, K 1 and 4 (a tree pass), EOS inside and never reached; a small vocabulary so that
-    blocks are accepted in part, and a larger one."""
+    """Random pairs, γ 1/4/16, one pass and T = 3 passes, K 1 and 4 (a tree pass), EOS inside and never reached; a
+    small vocabulary so that blocks are accepted in part, and a larger one."""
     accepted = []
     for seed in range(2):
         for vocab in (8, 64):
@@ -46,11 +47,11 @@ def test_greedy_decoding_is_the_verifiers_own_output():
                 free = ar_generate(verifier, prompt, 32, eos_token_ids=[])
                 eos = free[rng.randrange(1, 24)]
                 for eos_ids, expected in (([eos], free[:free.index(eos) + 1]), ([], free)):
-                    for k in (1, 4):
+                    for k, steps in ((1, 1), (4, 1), (1, 3), (4, 3)):
                         selection = make_selection(k=k) if k > 1 else None
-                        out = SpeculativeDecoder(drafter, checker, eos_ids).generate(prompt, 32, gamma,
+                        out = SpeculativeDecoder(drafter, checker, eos_ids).generate(prompt, 32, gamma, steps,
                                                                                      selection=selection)
-                        assert out.tokens == expected, (seed, vocab, gamma, eos_ids, k)
+                        assert out.tokens == expected, (seed, vocab, gamma, eos_ids, k, steps)
                         accepted += [b.accepted for b in out.stats.blocks if b.gamma]
             assert checker.tap is None  # the hooks are gone once a generation ends
     assert max(accepted) >= 2 and 0 in accepted
@@ -83,6 +84,51 @@ def test_what_decoding_drafts_is_what_training_computes():
         logits = drafter_logits(model, verifier.get_input_embeddings(), verifier.get_output_embeddings(), batch,
                                 features, MASK, 8)
         torch.testing.assert_close(logits[0].float().log_softmax(-1), logq, atol=1e-6, rtol=0)  # float32 rows
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_what_decoding_drafts_in_passes_is_what_training_computes(temperature):
+    """T > 1 passes: every block's rows equal the training pass that holds the drafted tokens before each chunk (the
+    held-out evaluation's ``drafted_logits``), and the draft the loop verifies is the argmax of its rows at
+    temperature 0."""
+    verifier, model = pair(4, vocab=8)
+    drafter = DFlashDrafter(model, verifier, 8)
+    drafted = []
+    original = drafter.marginals
+
+    def recording(prefix, gamma, *args, **kwargs):
+        logq = original(prefix, gamma, *args, **kwargs)
+        drafted.append((prefix[0].tolist(), logq[0], drafter.draft[0].tolist()))
+        return logq
+
+    drafter.marginals = recording
+    prompt, gamma, steps = [4, 5, 6], 7, 3
+    SpeculativeDecoder(drafter, Verifier(verifier), []).generate(prompt, 40, gamma, steps, temperature, seed=1)
+    assert len(drafted) > 5
+    embed, head = verifier.get_input_embeddings(), verifier.get_output_embeddings()
+    for prefix, logq, draft in drafted:
+        g = logq.shape[0]
+        if temperature == 0:
+            assert draft == logq.argmax(-1).tolist()
+        rollouts = [{"prompt_ids": prompt, "response_ids": prefix[len(prompt):] + draft}]
+        batch = make_batch(rollouts, torch.tensor([[0, len(prefix) - len(prompt)]]), g)
+        features, _ = verifier_pass(verifier, model.config.target_layer_ids, batch, 8)
+        logits = drafted_logits(lambda b: drafter_logits(model, embed, head, b, features, MASK, 8), batch, steps)
+        torch.testing.assert_close(logits[0].float().log_softmax(-1), logq, atol=1e-6, rtol=0)
+
+
+def test_passes_fill_the_block_left_to_right_and_training_reads_the_rest():
+    assert chunks(16, 4) == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    assert chunks(5, 2) == [(0, 3), (3, 5)] and chunks(2, 4) == [(0, 1), (1, 2)] and chunks(3, 1) == [(0, 3)]
+    lengths = torch.tensor([16, 16, 3, 1, 9] * 40)
+    given = training_given(lengths, 16, 4, torch.Generator().manual_seed(0))
+    assert set(given[lengths == 16].tolist()) == {0, 4, 8, 12}  # every pass's chunk start is drawn
+    assert (given < lengths).all() and set(given[lengths == 3].tolist()) <= {0, 2} and set(given[lengths == 9].tolist()) <= {0, 4, 8}
+    labels = torch.tensor([[10, 11, 12, 13], [20, 21, -100, -100], [30, 31, 32, 33]])
+    logits = torch.arange(12.0).view(3, 4, 1).expand(3, 4, 2)
+    shifted, rows = uncommitted(torch.tensor([2, 1, 0]), labels, logits)
+    assert shifted.tolist() == [[12, 13, -100, -100], [21, -100, -100, -100], [30, 31, 32, 33]]
+    assert rows[0, :2, 0].tolist() == [2.0, 3.0] and rows[1, 0, 0] == 5.0 and torch.equal(rows[2], logits[2])
 
 
 def test_the_training_pass_stops_after_the_deepest_layer_read():
@@ -163,17 +209,18 @@ def test_all_windows_of_a_rollout_in_one_pass_equal_each_window_alone():
         assert (batch.labels[n, valid:] == -100).all()
 
 
-@pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_sampling_is_the_verifiers_distribution(k):
+@pytest.mark.parametrize("k,steps", [(1, 1), (1, 2), pytest.param(2, 1, marks=pytest.mark.slow)])
+def test_sampling_is_the_verifiers_distribution(k, steps):
     """Speculative sampling's first three tokens against the verifier's exact distribution (chi-square), with one
-    draft and with K = 2 candidates (recursive rejection)."""
+    draft, with K = 2 candidates (recursive rejection), and drafted in two passes (the second row drawn given the
+    first drafted token)."""
     vocab, prompt = 8, [4, 5, 6]
     verifier, model = pair(3, vocab)
     decoder = SpeculativeDecoder(DFlashDrafter(model, verifier, vocab), Verifier(verifier), [])
     selection = make_selection(k=k, drafter_temperature=1.0) if k > 1 else None
     n = 3_000
-    counts = Counter(tuple(decoder.generate(prompt, 3, gamma=2, temperature=1.0, seed=s, selection=selection).tokens)
-                     for s in range(n))
+    counts = Counter(tuple(decoder.generate(prompt, 3, gamma=2, steps=steps, temperature=1.0, seed=s,
+                                            selection=selection).tokens) for s in range(n))
     assert chi_square_p(counts, exact_distribution(verifier, 1.0, prompt, vocab), n) > 1e-3
 
 
@@ -196,20 +243,24 @@ def test_layers_the_verifier_cannot_hand_over_are_refused():
             Verifier(verifier).record(layers)
 
 
-def test_trained_exported_evaluated_and_refused_against_another_verifier(model_dirs, world_prompts, tmp_path):
-    """The real CLI end to end: two steps of align/train.py, the export's meta naming the verifier's layers and
-    fingerprint, eval.acceptance decoding losslessly with it beside the verifier alone, and the same export refused
-    against another verifier (with the same tokenizer) before any decoding."""
+def test_trained_exported_evaluated_and_refused_against_another_verifier(model_dirs, world_prompts, tmp_path, capsys):
+    """The real CLI end to end: two steps of align/train.py for drafting in two passes, the export's meta naming the
+    verifier's layers, its fingerprint and T, eval.acceptance and align.decode decoding losslessly with it in its T
+    passes, and the same export refused against another verifier (with the same tokenizer) before any
+    decoding."""
     from transformers import AutoTokenizer
 
+    from align.decode import main as decode
     from conftest import tiny_verifier
     from eval.acceptance import main as acceptance
     from test_train import overrides, run_main
 
     out = tmp_path / "run"
-    assert run_main(overrides(model_dirs, world_prompts, out, "dflash", **{"train.max_steps": 2})) == 0
+    assert run_main(overrides(model_dirs, world_prompts, out, "dflash", **{"train.max_steps": 2,
+                                                                           "distill.denoise_steps": 2})) == 0
     meta = json.loads((out / "final" / "meta.json").read_text())
     assert meta["family"] == "dflash" and meta["verifier_layers"] == [0] and len(meta["verifier_fingerprint"]) == 16
+    assert meta["denoise_steps"] == 2
     common = ["--ckpt", str(out / "final"), "--prompts", str(world_prompts), "--limit", "3", "--gamma", "4",
               "--max-new-tokens", "12", "--baseline", "none"]
     threads = torch.get_num_threads()
@@ -217,6 +268,11 @@ def test_trained_exported_evaluated_and_refused_against_another_verifier(model_d
         assert acceptance([*common, "--out", str(tmp_path / "eval")]) == 0
         results = json.loads((tmp_path / "eval" / "acceptance.json").read_text())["results"]
         assert results and all(r["lossless"] for r in results) and results[0]["label"] == "aligned"
+        assert [r["steps"] for r in results] == [2]  # the T it was trained for (--steps sets the other drafters')
+        assert decode(["--drafter", str(out / "final"), "--verifier", str(model_dirs["verifier"]), "--prompt",
+                       "The capital of France is", "--gamma", "4", "--max-new-tokens", "10", "--json"]) == 0
+        stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert stats["lossless"] is True and stats["new_tokens"] == 10
         other = tmp_path / "other-verifier"
         tiny_verifier(seed=7, vocab=len(AutoTokenizer.from_pretrained(model_dirs["verifier"])),
                       dtype=torch.float32).save_pretrained(other)

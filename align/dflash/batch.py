@@ -8,11 +8,16 @@ features of every position — and, for objectives that need them, the verifier'
 (the distribution it verifies against) — then one drafter pass per rollout runs all of its windows' rows at once,
 behind a mask that shows each block exactly what decoding shows it: the context before s, and its own rows
 (bidirectionally). The prompt is never cut: the verifier reads all of it at decoding, and so does the drafter.
+
+Drafting in T > 1 passes (``distill.denoise_steps``) fills the block left to right: pass c drafts its share of the
+positions (:func:`chunks`) with the rows before it holding the tokens drafted so far. A window trains one such pass:
+its first ``given`` mask rows hold their labels (the tokens decoding holds there whenever the block gets this far)
+and the loss reads the rows after them (:func:`uncommitted`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -27,10 +32,18 @@ class DFlashBatch:
     labels: torch.Tensor  # (N, γ) per window, in the order the windows were given; -100 past the end
     slots: torch.Tensor  # (N,) index r · W + w of window n in the (R, W) layout
     rollouts: torch.Tensor  # (R,) which rollout each row is (its index in the rollouts given)
+    given: torch.Tensor | None = None  # (N,) mask rows that hold their label instead (a later pass of T); None: 0
     teacher: torch.Tensor | None = None  # (N, γ, V) the verifier's logits, once its pass has run (training)
 
     def to(self, device) -> "DFlashBatch":
-        return DFlashBatch(*(getattr(self, f.name).to(device) for f in fields(self) if f.name != "teacher"))
+        return DFlashBatch(*(None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                             for f in fields(self) if f.name != "teacher"))
+
+    def holding(self, given: torch.Tensor | int) -> "DFlashBatch":
+        """The same windows with their first ``given`` mask rows holding their labels (int: every window)."""
+        if isinstance(given, int):
+            given = torch.full((len(self.labels),), given, dtype=torch.long, device=self.labels.device)
+        return replace(self, given=given, teacher=self.teacher)
 
     @property
     def gamma(self) -> int:
@@ -47,9 +60,44 @@ def pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, attention
 
 
-def make_batch(rollouts, pairs: torch.Tensor, gamma: int) -> DFlashBatch:
+def chunks(gamma: int, steps: int) -> list[tuple[int, int]]:
+    """The block positions [lo, hi) that each of T = ``steps`` passes drafts, left to right: an even share of
+    what remains per pass left (γ 16, T 4: 0-4, 4-8, 8-12, 12-16; γ 5, T 2: 0-3, 3-5)."""
+    bounds, lo = [], 0
+    for c in range(steps):
+        hi = lo + -(-(gamma - lo) // (steps - c))
+        if hi > lo:
+            bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+def training_given(lengths: torch.Tensor, gamma: int, steps: int, generator: torch.Generator) -> torch.Tensor:
+    """Per window, the rows a training pass holds: the start of a chunk drawn uniformly from the T passes', short of
+    the window's ``lengths`` (its labels: at least one is left to learn)."""
+    starts = torch.tensor([lo for lo, _ in chunks(gamma, steps)], dtype=torch.long)
+    drawn = starts[torch.randint(0, len(starts), (len(lengths),), generator=generator)]
+    return torch.minimum(drawn, (lengths - 1).clamp(min=0))
+
+
+def uncommitted(given: torch.Tensor | None, labels: torch.Tensor, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The labels (N, γ) and per-row tensors (N, γ, ...: logits, the verifier's) of the rows a pass drafts,
+    shifted to the front: row j of each is mask row ``given`` + j (label -100 where that runs past the block), so
+    every objective reads them as a block of its own that starts there."""
+    if given is None or not bool(given.any()):
+        return (labels, *rows)
+    gamma = labels.shape[1]
+    index = given[:, None] + torch.arange(gamma, device=labels.device)  # (N, γ)
+    inside = index < gamma
+    index = index.clamp(max=gamma - 1)
+    shifted = [None if x is None else x.gather(1, index.view(*index.shape, *[1] * (x.dim() - 2)).expand_as(x))
+               for x in rows]
+    return (torch.where(inside, labels.gather(1, index), -100), *shifted)
+
+
+def make_batch(rollouts, pairs: torch.Tensor, gamma: int, given: torch.Tensor | None = None) -> DFlashBatch:
     """Collate windows ``pairs`` (rows of (rollout row, offset t)) of ``rollouts`` (rows with prompt_ids and
-    response_ids), grouped by rollout."""
+    response_ids), grouped by rollout; ``given`` (N,): mask rows that hold their label (a later pass of T)."""
     groups: dict[int, list[int]] = {}
     for row, t in pairs.tolist():
         groups.setdefault(row, []).append(t)
@@ -69,7 +117,7 @@ def make_batch(rollouts, pairs: torch.Tensor, gamma: int) -> DFlashBatch:
         target = rollouts[row]["response_ids"][t:t + gamma]
         labels[n, :len(target)] = torch.tensor(target, dtype=torch.long)
         slots[n] = slot_of[(row, t)]
-    return DFlashBatch(ids, attention, starts, labels, slots, torch.tensor(list(groups), dtype=torch.long))
+    return DFlashBatch(ids, attention, starts, labels, slots, torch.tensor(list(groups), dtype=torch.long), given)
 
 
 @torch.no_grad()
@@ -95,7 +143,8 @@ def verifier_pass(verifier, layers: list[int], batch: DFlashBatch, vocab: int,
 
 def block_layout(batch: DFlashBatch, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The drafter pass's inputs for every rollout: block token ids and positions (R, W · (γ + 1)), and the mask
-    (R, 1, W · (γ + 1), S + W · (γ + 1)), True where a row may look."""
+    (R, 1, W · (γ + 1), S + W · (γ + 1)), True where a row may look. A window's first ``batch.given`` mask rows
+    hold their labels."""
     r, w = batch.starts.shape
     g1, width = batch.gamma + 1, batch.ids.shape[1]
     device = batch.ids.device
@@ -105,6 +154,10 @@ def block_layout(batch: DFlashBatch, mask_token_id: int) -> tuple[torch.Tensor, 
     first = batch.ids.gather(1, starts)  # (R, W): the token at s
     ids = torch.full((r, w, g1), mask_token_id, dtype=torch.long, device=device)
     ids[..., 0] = first
+    if batch.given is not None:  # a later pass: the first `given` mask rows hold their labels
+        rows = ids.view(r * w, g1)
+        held = (torch.arange(batch.gamma, device=device) < batch.given[:, None]) & (batch.labels >= 0)
+        rows[batch.slots, 1:] = torch.where(held, batch.labels, rows[batch.slots, 1:])
     window = torch.arange(w, device=device).repeat_interleave(g1)  # each row's window
     row_start = starts.repeat_interleave(g1, dim=1)  # (R, Q)
     context = (torch.arange(width, device=device)[None, None] < row_start[..., None]) & batch.attention.bool()[:, None]
@@ -126,3 +179,16 @@ def drafter_logits(model, embed, head, batch: DFlashBatch, features: torch.Tenso
     g = batch.gamma
     rows = hidden.reshape(r * w, g + 1, -1)[batch.slots, 1:]  # (N, γ, H): the mask rows
     return head(rows.to(head.weight.dtype))[..., :vocab]
+
+
+def drafted_logits(forward, batch: DFlashBatch, steps: int) -> torch.Tensor:
+    """What decoding in T = ``steps`` passes drafts for each window when every pass before the last reached holds
+    the window's own labels (the only case in which its later rows can be accepted): pass c's rows of chunk c,
+    ``forward(batch)`` giving a pass's logits (N, γ, V)."""
+    if steps <= 1:
+        return forward(batch)
+    out = None
+    for lo, hi in chunks(batch.gamma, steps):
+        logits = forward(batch.holding(lo))
+        out = logits if out is None else torch.cat([out[:, :lo], logits[:, lo:]], 1)
+    return out

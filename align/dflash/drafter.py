@@ -4,9 +4,11 @@
 verifier's correction or bonus, which the verifier has not run yet) and γ mask tokens, at the positions after the
 prefix, over a context of the verifier's own features at every earlier position (``Verifier.record``: the passes
 that score the drafts hand them over). The context's keys and values are kept per layer and grow with the accepted
-positions; a shorter prefix (a new sequence, or one rolled back) crops them. Its rows are independent given the
-prefix, so a draft drawn row by row from :meth:`marginals` has exactly those probabilities (the q of lossless
-sampling), as self-selection's K candidates do.
+positions; a shorter prefix (a new sequence, or one rolled back) crops them. In one pass (T = 1) its rows are
+independent given the prefix, so a draft drawn row by row from :meth:`marginals` has exactly those probabilities
+(the q of lossless sampling), as self-selection's K candidates do. In T > 1 passes the block fills left to right,
+each pass's rows reading the tokens drafted before them, and the loop verifies the drafter's own draft against the
+rows it was drawn from, as an autoregressive drafter's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 
+from align.dflash.batch import chunks
 from align.errors import AlignError
 
 FAMILY = "dflash"
@@ -40,6 +43,7 @@ class DFlashDrafter:
         self.head = verifier_model.get_output_embeddings()
         self.vocab_size = vocab_size
         self.verifier = None
+        self.draft: torch.Tensor | None = None  # T > 1: the block as drafted, which the loop must verify
         self.reset()
 
     @property
@@ -77,9 +81,15 @@ class DFlashDrafter:
     @torch.no_grad()
     def marginals(self, prefix: torch.Tensor, gamma: int, steps: int = 1, temperature: float = 0.0,
                   generator: torch.Generator | None = None) -> torch.Tensor:
-        """Log-probabilities (1, γ, V) of the γ positions after ``prefix`` (1, L), one drafter pass."""
-        if steps != 1:
-            raise AlignError(f"the dflash drafter fills a block in one pass: steps (T) must be 1, got {steps}")
+        """Log-probabilities (1, γ, V) of the γ positions after ``prefix`` (1, L), at temperature 1.
+
+        T = ``steps`` passes fill the block left to right (:func:`align.dflash.batch.chunks`): pass c drafts its
+        share of the positions, the rows before it holding the tokens drafted so far (argmax at ``temperature``
+        0, else a sample at that temperature). With T > 1 the draft is kept in ``self.draft`` (1, γ) and the loop
+        verifies it: row j is the distribution token j was drawn from, given the draft before it.
+        """
+        if steps < 1:
+            raise AlignError(f"steps (T) must be a positive number of drafter passes, got {steps}")
         if prefix.shape[0] != 1:
             raise AlignError("the dflash drafter decodes one sequence at a time (batch 1)")
         length = prefix.shape[1]
@@ -88,11 +98,19 @@ class DFlashDrafter:
                              "records the verifier's features and runs the prompt before the first block")
         self._extend(length - 1)
         ids = torch.cat([prefix[0, -1:], torch.full((gamma,), self.mask_token_id, device=prefix.device)])
-        embeds = self.embed(ids[None]).to(self.model.dtype)
         positions = torch.arange(length - 1, length + gamma, device=self.device)[None]
-        hidden = self.model(embeds, positions, context=self.context)[:, 1:]
-        logits = self.head(hidden.to(self.head.weight.dtype))[..., :self.vocab_size]
-        return logits.float().log_softmax(-1)
+        rows = []
+        for lo, hi in chunks(gamma, steps):
+            embeds = self.embed(ids[None]).to(self.model.dtype)
+            hidden = self.model(embeds, positions, context=self.context)[:, 1 + lo:1 + hi]
+            logits = self.head(hidden.to(self.head.weight.dtype))[..., :self.vocab_size]
+            rows.append(logits.float().log_softmax(-1))
+            if steps > 1:  # the rows after these read the tokens drafted here
+                chunk = rows[-1][0]
+                ids[1 + lo:1 + hi] = chunk.argmax(-1) if temperature <= 0 else torch.multinomial(
+                    (chunk / temperature).softmax(-1), 1, generator=generator)[:, 0]
+        self.draft = ids[None, 1:].clone() if steps > 1 else None
+        return torch.cat(rows, 1)
 
 
 def verifier_fingerprint(model: Any) -> str:
