@@ -76,8 +76,8 @@ def training_given(lengths: torch.Tensor, gamma: int, steps: int, generator: tor
     """Per window, the rows a training pass holds: the start of a chunk drawn uniformly from the T passes', short of
     the window's ``lengths`` (its labels: at least one is left to learn)."""
     starts = torch.tensor([lo for lo, _ in chunks(gamma, steps)], dtype=torch.long)
-    drawn = starts[torch.randint(0, len(starts), (len(lengths),), generator=generator)]
-    return torch.minimum(drawn, (lengths - 1).clamp(min=0))
+    drawn = starts[torch.randint(0, len(starts), (len(lengths),), generator=generator, device=generator.device).cpu()]
+    return torch.minimum(drawn.to(lengths.device), (lengths - 1).clamp(min=0))
 
 
 def uncommitted(given: torch.Tensor | None, labels: torch.Tensor, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
