@@ -27,7 +27,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m align.decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--drafter", required=True, help="drafter path, hub name or zoo:NAME")
     p.add_argument("--verifier", required=True, help="verifier path, hub name or zoo:NAME")
-    p.add_argument("--family", default=None, help="drafter family (diffusiongemma, mdlm, dream); default: detected")
+    p.add_argument("--family", default=None,
+                   help="drafter family (diffusiongemma, mdlm, dream, dflash); default: detected")
     p.add_argument("--prompt", required=True, help="the prompt (the chat template is applied when there is one)")
     p.add_argument("--gamma", type=int, default=16, help="draft tokens per block")
     p.add_argument("--steps", type=int, default=None,
