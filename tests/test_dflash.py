@@ -33,6 +33,21 @@ def pair(seed: int, vocab: int = 64, layers=(0, 1), dtype=torch.float64):
     return verifier, model
 
 
+def recorded(drafter: DFlashDrafter) -> list[tuple[list[int], torch.Tensor, list[int] | None]]:
+    """Every block ``drafter`` drafts from now on, as (prefix, its rows (γ, V), the draft the loop verifies when the
+    drafter keeps one (T > 1), else None)."""
+    drafted, original = [], drafter.marginals
+
+    def recording(prefix, gamma, *args, **kwargs):
+        logq = original(prefix, gamma, *args, **kwargs)
+        draft = None if drafter.draft is None else drafter.draft[0].tolist()
+        drafted.append((prefix[0].tolist(), logq[0], draft))
+        return logq
+
+    drafter.marginals = recording
+    return drafted
+
+
 def test_greedy_decoding_is_the_verifiers_own_output():
     """Random pairs, γ 1/4/16, one pass and T = 3 passes, K 1 and 4 (a tree pass), EOS inside and never reached; a
     small vocabulary so that blocks are accepted in part, and a larger one."""
@@ -62,21 +77,13 @@ def test_what_decoding_drafts_is_what_training_computes():
     passes) equals the training pass over the same prefix: one teacher-forced verifier pass, all windows at once."""
     verifier, model = pair(1, vocab=8)
     drafter = DFlashDrafter(model, verifier, 8)
-    drafted = []
-    original = drafter.marginals
-
-    def recording(prefix, gamma, *args, **kwargs):
-        logq = original(prefix, gamma, *args, **kwargs)
-        drafted.append((prefix[0].tolist(), logq[0]))
-        return logq
-
-    drafter.marginals = recording
+    drafted = recorded(drafter)
     prompt, gamma = [4, 5, 6, 7], 4
     for k in (1, 3):
         SpeculativeDecoder(drafter, Verifier(verifier), []).generate(
             prompt, 30, gamma, selection=make_selection(k=k) if k > 1 else None)
     assert len(drafted) > 10
-    for prefix, logq in drafted:
+    for prefix, logq, _ in drafted:
         g = logq.shape[0]  # the last blocks are shorter
         rollouts = [{"prompt_ids": prompt, "response_ids": prefix[len(prompt):] + [0] * g}]
         batch = make_batch(rollouts, torch.tensor([[0, len(prefix) - len(prompt)]]), g)
@@ -93,15 +100,7 @@ def test_what_decoding_drafts_in_passes_is_what_training_computes(temperature):
     temperature 0."""
     verifier, model = pair(4, vocab=8)
     drafter = DFlashDrafter(model, verifier, 8)
-    drafted = []
-    original = drafter.marginals
-
-    def recording(prefix, gamma, *args, **kwargs):
-        logq = original(prefix, gamma, *args, **kwargs)
-        drafted.append((prefix[0].tolist(), logq[0], drafter.draft[0].tolist()))
-        return logq
-
-    drafter.marginals = recording
+    drafted = recorded(drafter)
     prompt, gamma, steps = [4, 5, 6], 7, 3
     SpeculativeDecoder(drafter, Verifier(verifier), []).generate(prompt, 40, gamma, steps, temperature, seed=1)
     assert len(drafted) > 5

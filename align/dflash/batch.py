@@ -43,7 +43,7 @@ class DFlashBatch:
         """The same windows with their first ``given`` mask rows holding their labels (int: every window)."""
         if isinstance(given, int):
             given = torch.full((len(self.labels),), given, dtype=torch.long, device=self.labels.device)
-        return replace(self, given=given, teacher=self.teacher)
+        return replace(self, given=given)
 
     @property
     def gamma(self) -> int:
