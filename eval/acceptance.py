@@ -19,6 +19,9 @@ import argparse
 import itertools
 import json
 import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +96,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow the drafter's own modelling code (an exported drafter's recipe may already say so)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--interleave", action="store_true",
+                   help="hold every drafter at once and decode each prompt with all of them (and the verifier alone) "
+                        "in turn, so that speeds are compared over the same minutes of a machine whose speed drifts "
+                        "(default: one drafter in memory at a time, each over all prompts)")
     p.add_argument("--engine", default="hf", choices=("hf", "vllm"),
                    help="hf: align's own decoding loop; vllm: LLM.generate with align.serving's proposer and without "
                         "speculation, vLLM's own counters (run with the Python that has vLLM: .venv-vllm on CPU); "
@@ -180,82 +187,64 @@ def main(argv: list[str]) -> int:
                              f"{verifier.max_length}; shorten it or leave it out of the prompts file")
     ar_generate(verifier_model, encoded[0], args.max_new_tokens, 0.0, eos)  # warm-ups, untimed
     verifier_alone(verifier, encoded[0], args.max_new_tokens, eos)
-    reference: dict[tuple[float, int], tuple[list[list[int]], float]] = {}
-    alone: dict[tuple[float, int], tuple[int, float]] = {}
+    references = []
     for temperature, seed in itertools.product(args.temperature, args.seed):
-        start = now(device)
-        outputs = [ar_generate(verifier_model, ids, args.max_new_tokens, temperature, eos, seed)
-                   for ids in tqdm(encoded, desc=f"generate, temperature {temperature}", leave=False)]
-        reference[(temperature, seed)] = (outputs, now(device) - start)
-        runs = [verifier_alone(verifier, ids, args.max_new_tokens, eos, temperature, seed)
-                for ids in tqdm(encoded, desc=f"verifier alone, temperature {temperature}", leave=False)]
-        alone[(temperature, seed)] = (sum(len(r.tokens) for r in runs), sum(r.total_s for r in runs))
-    results, saved = [], []
+        references.append(Job("generate", {"temperature": temperature}, seed, partial(
+            ar_generate, verifier_model, max_new_tokens=args.max_new_tokens, temperature=temperature,
+            eos_token_ids=eos, seed=seed)))
+        references.append(Job("alone", {"temperature": temperature}, seed, partial(
+            verifier_alone, verifier, max_new_tokens=args.max_new_tokens, eos_token_ids=eos, temperature=temperature,
+            seed=seed)))
     drafters = [("aligned", ckpt, family)] + ([("baseline", baseline, family)] if baseline else []) + \
         ([("ar", args.ar_drafter, "ar")] if args.ar_drafter else []) + \
         ([("dflash", args.dflash_drafter, DFLASH)] if args.dflash_drafter else [])
-    for label, path, kind in drafters:
-        swept = settings(args)
-        if kind == DFLASH:  # it reads the verifier's features: refused unless it was trained on this verifier
-            from align.loading import load_dflash_drafter, load_tokenizer, trained_steps
+    reference: dict[tuple[float, int], tuple[list[list[int]], float]] = {}  # generate's outputs and seconds
+    alone: dict[tuple[float, int], tuple[int, float]] = {}  # the cached loop's tokens and seconds
 
-            vocab = shared_vocab_size(load_tokenizer(resolve(path), "dflash drafter"), tokenizer, path, verifier_path)
-            drafter = load_dflash_drafter(resolve(path), verifier_model, vocab, args.dtype, device, verifier_path)
-            model = drafter.model
-            swept = settings(args, args.dflash_steps or [trained_steps(path)])
-        elif kind == "ar":
-            from align.baseline import load_ar_drafter
-            from align.loading import load_tokenizer
+    def run_phase(references: list[Job], phase_drafters: list[tuple[str, str, str]]) -> tuple[list[dict], list[dict]]:
+        """Load the drafters, decode every prompt through every job in turn, summarise (the drafters are freed on
+        return). Returns the results and, with --save-outputs, the outputs."""
+        jobs = list(references)
+        for label, path, kind in phase_drafters:
+            decoder, swept = load_decoder(args, path, kind, family, verifier_model, verifier, tokenizer,
+                                          verifier_path, eos, device)
+            decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], swept[0]["steps"])  # warm-up, untimed
+            jobs += drafter_jobs(args, label, path, decoder, swept)
+        run_jobs(jobs, encoded, device)
+        for job in references:
+            key = (job.setting["temperature"], job.seed)
+            if job.label == "generate":
+                reference[key] = (job.outputs, job.seconds)
+            else:
+                alone[key] = (sum(len(r.tokens) for r in job.outputs), sum(r.total_s for r in job.outputs))
+        runs: dict[tuple[str, int], list[dict]] = {}
+        saved = []
+        for job in jobs[len(references):]:
+            records = [PromptRecord(p["id"], p.get("category", "all"), ids, gen.tokens, gen.stats)
+                       for p, ids, gen in zip(prompts, encoded, job.outputs)]
+            runs.setdefault((job.label, job.index), []).append(
+                summarize_job(job, records, reference, alone, verifier_model, encoded, suite, verifier_path))
+            if args.save_outputs:
+                s = job.setting
+                saved += [{"id": r.id, "label": job.label, "gamma": s["gamma"], "steps": s["steps"],
+                           "temperature": s["temperature"], "k": s["k"], "seed": job.seed,
+                           "prompt_ids": r.prompt_ids, "output_ids": r.output_ids} for r in records]
+        combined = []
+        for seeds in runs.values():
+            c = combine_seeds(seeds)
+            for key in ("generate_tokens_per_s", "speedup_vs_generate"):  # mean over seeds, as the others
+                c[key] = sum(r[key] for r in seeds) / len(seeds)
+            combined.append(c)
+        return combined, saved
 
-            vocab = shared_vocab_size(load_tokenizer(resolve(path), "AR drafter"), tokenizer, path, verifier_path)
-            drafter = load_ar_drafter(path, device, vocab, args.dtype)
-            model = drafter.model
-        else:
-            model, drafter_tokenizer = load_drafter_model(path, family, args.dtype, args.trust_remote_code, device)
-            vocab = shared_vocab_size(drafter_tokenizer, tokenizer, path, verifier_path)
-            drafter = Drafter(model, family, vocab, drafter_tokenizer.mask_token_id, **drafting_of(path))
-        decoder = SpeculativeDecoder(drafter, verifier, eos)
-        decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], swept[0]["steps"])  # warm-up, untimed
-        for setting in swept:
-            runs = []
-            for seed in args.seed:
-                try:
-                    selection = make_selection(setting["k"], setting["drafter_temperature"], setting["scorer"],
-                                               setting["candidates"])
-                    if selection is not None:
-                        selection.check(setting["temperature"])
-                except AlignError as error:
-                    print(f"skipped {label} {setting}: {error}")
-                    break
-                records = []
-                desc = f"{label} γ={setting['gamma']} T={setting['steps']} temp={setting['temperature']} k={setting['k']}"
-                for p, ids in zip(tqdm(prompts, desc=desc, leave=False), encoded):
-                    gen = decoder.generate(ids, args.max_new_tokens, setting["gamma"], setting["steps"],
-                                           setting["temperature"], seed, selection)
-                    records.append(PromptRecord(p["id"], p.get("category", "all"), ids, gen.tokens, gen.stats))
-                ar_outputs, ar_seconds = reference[(setting["temperature"], seed)]
-                alone_tokens, alone_seconds = alone[(setting["temperature"], seed)]
-                summary = summarize(records, setting["gamma"])
-                summary.update(label=label, drafter=path, verifier=verifier_path, suite=suite, seed=seed, **setting)
-                summary["ar_tokens_per_s"] = alone_tokens / alone_seconds  # the minimal cached loop
-                summary["speedup"] = summary["tokens_per_s"] / summary["ar_tokens_per_s"]
-                summary["generate_tokens_per_s"] = sum(map(len, ar_outputs)) / ar_seconds
-                summary["speedup_vs_generate"] = summary["tokens_per_s"] / summary["generate_tokens_per_s"]
-                summary["lossless"] = summary["lossless_counts"] = None
-                if setting["temperature"] == 0:  # token for token, or a near-tie of a low-precision verifier
-                    counts = lossless_counts(verifier_model, encoded, [r.output_ids for r in records], ar_outputs)
-                    summary.update(lossless=counts["mismatch"] == 0, lossless_counts=counts)
-                runs.append(summary)
-                if args.save_outputs:
-                    saved += [{"id": r.id, "label": label, "gamma": setting["gamma"], "steps": setting["steps"],
-                               "temperature": setting["temperature"], "k": setting["k"], "seed": seed,
-                               "prompt_ids": r.prompt_ids, "output_ids": r.output_ids} for r in records]
-            if runs:
-                combined = combine_seeds(runs)
-                for key in ("generate_tokens_per_s", "speedup_vs_generate"):  # mean over seeds, as the others
-                    combined[key] = sum(r[key] for r in runs) / len(runs)
-                results.append(combined)
-        del drafter, decoder, model
+    # one drafter in memory at a time, after the references; --interleave: every drafter at once, each prompt
+    # decoded by all of them and the references in turn, so that a machine whose speed drifts slows all alike
+    phases = [(references, drafters)] if args.interleave else [(references, [])] + [([], [d]) for d in drafters]
+    results, saved = [], []
+    for phase_references, phase_drafters in phases:
+        phase_results, phase_saved = run_phase(phase_references, phase_drafters)
+        results += phase_results
+        saved += phase_saved
 
     out.mkdir(parents=True, exist_ok=True)
     document = {"environment": environment(args.dtype, device), "suite": suite, "n_prompts": len(prompts),
@@ -270,6 +259,92 @@ def main(argv: list[str]) -> int:
     print(f"\nreport: {out / 'report.md'}")
     return 0
 
+
+
+@dataclass
+class Job:
+    """One timed pass over the prompts: the verifier alone, generate, or a drafter at one setting and seed.
+    ``run(prompt_ids)`` decodes one prompt; its results and the seconds they took accumulate here."""
+
+    label: str
+    setting: dict[str, Any]
+    seed: int
+    run: Callable[[list[int]], Any]
+    index: int = 0  # the setting's place in the drafter's sweep
+    drafter: str = ""  # the drafter's path
+    outputs: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def run_jobs(jobs: list[Job], encoded: list[list[int]], device: str) -> None:
+    """Each prompt through every job in turn (timed with the device synchronised)."""
+    labels = sorted({j.label for j in jobs})
+    for ids in tqdm(encoded, desc=", ".join(labels), leave=False):
+        for job in jobs:
+            start = now(device)
+            job.outputs.append(job.run(ids))
+            job.seconds += now(device) - start
+
+
+def load_decoder(args, path, kind, family, verifier_model, verifier, tokenizer, verifier_path, eos, device):
+    """The speculative decoder of one drafter and the settings it is swept over."""
+    swept = settings(args)
+    if kind == DFLASH:  # it reads the verifier's features: refused unless it was trained on this verifier
+        from align.loading import load_dflash_drafter, load_tokenizer, trained_steps
+
+        vocab = shared_vocab_size(load_tokenizer(resolve(path), "dflash drafter"), tokenizer, path, verifier_path)
+        drafter = load_dflash_drafter(resolve(path), verifier_model, vocab, args.dtype, device, verifier_path)
+        swept = settings(args, args.dflash_steps or [trained_steps(path)])
+    elif kind == "ar":
+        from align.baseline import load_ar_drafter
+        from align.loading import load_tokenizer
+
+        vocab = shared_vocab_size(load_tokenizer(resolve(path), "AR drafter"), tokenizer, path, verifier_path)
+        drafter = load_ar_drafter(path, device, vocab, args.dtype)
+    else:
+        model, drafter_tokenizer = load_drafter_model(path, family, args.dtype, args.trust_remote_code, device)
+        vocab = shared_vocab_size(drafter_tokenizer, tokenizer, path, verifier_path)
+        drafter = Drafter(model, family, vocab, drafter_tokenizer.mask_token_id, **drafting_of(path))
+    return SpeculativeDecoder(drafter, verifier, eos), swept
+
+
+def drafter_jobs(args, label: str, path: str, decoder: SpeculativeDecoder, swept: list[dict]) -> list[Job]:
+    """A job per setting and seed; a setting whose selection cannot run is skipped with a line saying why."""
+    jobs = []
+    for index, setting in enumerate(swept):
+        for seed in args.seed:
+            try:
+                selection = make_selection(setting["k"], setting["drafter_temperature"], setting["scorer"],
+                                           setting["candidates"])
+                if selection is not None:
+                    selection.check(setting["temperature"])
+            except AlignError as error:
+                print(f"skipped {label} {setting}: {error}")
+                break
+            jobs.append(Job(label, setting, seed, partial(
+                decoder.generate, max_new_tokens=args.max_new_tokens, gamma=setting["gamma"], steps=setting["steps"],
+                temperature=setting["temperature"], seed=seed, selection=selection), index, path))
+    return jobs
+
+
+def summarize_job(job: Job, records: list[PromptRecord], reference: dict, alone: dict, verifier_model,
+                  encoded: list[list[int]], suite: str, verifier_path: str) -> dict[str, Any]:
+    """One drafter run's summary, its speed against the references and, greedy, its lossless check."""
+    setting = job.setting
+    ar_outputs, ar_seconds = reference[(setting["temperature"], job.seed)]
+    alone_tokens, alone_seconds = alone[(setting["temperature"], job.seed)]
+    summary = summarize(records, setting["gamma"])
+    summary.update(label=job.label, drafter=job.drafter, verifier=verifier_path, suite=suite,
+                   seed=job.seed, **setting)
+    summary["ar_tokens_per_s"] = alone_tokens / alone_seconds  # the minimal cached loop
+    summary["speedup"] = summary["tokens_per_s"] / summary["ar_tokens_per_s"]
+    summary["generate_tokens_per_s"] = sum(map(len, ar_outputs)) / ar_seconds
+    summary["speedup_vs_generate"] = summary["tokens_per_s"] / summary["generate_tokens_per_s"]
+    summary["lossless"] = summary["lossless_counts"] = None
+    if setting["temperature"] == 0:  # token for token, or a near-tie of a low-precision verifier
+        counts = lossless_counts(verifier_model, encoded, [r.output_ids for r in records], ar_outputs)
+        summary.update(lossless=counts["mismatch"] == 0, lossless_counts=counts)
+    return summary
 
 def through_vllm(args: argparse.Namespace, ckpt: str, baseline: str | None, verifier_path: str, family: str,
                  prompts: list[dict], suite: str, out: Path) -> int:

@@ -59,6 +59,24 @@ def test_schema_sweep_report_and_lossless_outputs(exported, world_prompts, model
         assert row["output_ids"] == expected
 
 
+def test_interleaved_timing_decodes_exactly_what_one_drafter_at_a_time_does(exported, world_prompts, tmp_path):
+    """--interleave changes only the order the prompts meet the drafters (for speeds under drift), not a token."""
+    common = ["--ckpt", str(exported), "--prompts", str(world_prompts), "--limit", "3", "--gamma", "2,4",
+              "--temperature", "0,1", "--seed", "0,1", "--max-new-tokens", "10", "--save-outputs"]
+    docs, outputs = {}, {}
+    for mode in ("apart", "interleaved"):
+        out = tmp_path / mode
+        assert evaluate(common + ["--out", str(out)] + (["--interleave"] if mode == "interleaved" else [])) == 0
+        docs[mode] = json.loads((out / "acceptance.json").read_text())["results"]
+        outputs[mode] = sorted((r["label"], r["gamma"], r["temperature"], r["seed"], r["id"], r["output_ids"])
+                               for r in map(json.loads, (out / "outputs.jsonl").read_text().splitlines()))
+    assert outputs["interleaved"] == outputs["apart"] and len(outputs["apart"]) == 2 * 2 * 2 * 2 * 3
+    assert len({o[-1].__repr__() for o in outputs["apart"]}) > 1  # the prompts and temperatures differ
+    keys = ("label", "gamma", "temperature", "accepted_mean", "n_blocks", "lossless", "per_prompt")
+    assert [{k: r[k] for k in keys} for r in docs["interleaved"]] == [{k: r[k] for k in keys} for r in docs["apart"]]
+    assert all(r["tokens_per_s"] > 0 and r["ar_tokens_per_s"] > 0 for r in docs["interleaved"])
+
+
 def test_sampling_sweep_marks_lossless_as_not_applicable(exported, world_prompts, tmp_path):
     out = tmp_path / "eval"
     assert evaluate(["--ckpt", str(exported), "--prompts", str(world_prompts), "--limit", "2", "--temperature", "1",
