@@ -11,6 +11,8 @@ or any drafter with ``--verifier``. Comma lists sweep. Writes acceptance.json, r
 Speed: ``speedup`` (and ``ar_tokens_per_s``) is against the verifier alone in a minimal cached loop through the same
 verifier path (``align.verifier.verifier_alone``); Hugging Face ``generate``'s tokens/s is reported beside it
 (``generate_tokens_per_s``, ``speedup_vs_generate``), and its outputs are what the lossless check compares with.
+``--interleave`` decodes each prompt with all of them in turn, so that their speeds share the same minutes of a
+machine whose speed drifts (docs/metrics.md).
 """
 
 from __future__ import annotations
