@@ -203,17 +203,18 @@ def main(argv: list[str]) -> int:
     reference: dict[tuple[float, int], tuple[list[list[int]], float]] = {}  # generate's outputs and seconds
     alone: dict[tuple[float, int], tuple[int, float]] = {}  # the cached loop's tokens and seconds
 
-    def run_phase(references: list[Job], phase_drafters: list[tuple[str, str, str]]) -> tuple[list[dict], list[dict]]:
+    def run_phase(phase_references: list[Job], phase_drafters: list[tuple[str, str, str]]
+                  ) -> tuple[list[dict], list[dict]]:
         """Load the drafters, decode every prompt through every job in turn, summarise (the drafters are freed on
         return). Returns the results and, with --save-outputs, the outputs."""
-        jobs = list(references)
+        jobs = list(phase_references)
         for label, path, kind in phase_drafters:
             decoder, swept = load_decoder(args, path, kind, family, verifier_model, verifier, tokenizer,
                                           verifier_path, eos, device)
             decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], swept[0]["steps"])  # warm-up, untimed
             jobs += drafter_jobs(args, label, path, decoder, swept)
         run_jobs(jobs, encoded, device)
-        for job in references:
+        for job in phase_references:
             key = (job.setting["temperature"], job.seed)
             if job.label == "generate":
                 reference[key] = (job.outputs, job.seconds)
@@ -221,7 +222,7 @@ def main(argv: list[str]) -> int:
                 alone[key] = (sum(len(r.tokens) for r in job.outputs), sum(r.total_s for r in job.outputs))
         runs: dict[tuple[str, int], list[dict]] = {}
         saved = []
-        for job in jobs[len(references):]:
+        for job in jobs[len(phase_references):]:
             records = [PromptRecord(p["id"], p.get("category", "all"), ids, gen.tokens, gen.stats)
                        for p, ids, gen in zip(prompts, encoded, job.outputs)]
             runs.setdefault((job.label, job.index), []).append(
@@ -260,7 +261,6 @@ def main(argv: list[str]) -> int:
     print(summary_table(results))
     print(f"\nreport: {out / 'report.md'}")
     return 0
-
 
 
 @dataclass
@@ -347,6 +347,7 @@ def summarize_job(job: Job, records: list[PromptRecord], reference: dict, alone:
         counts = lossless_counts(verifier_model, encoded, [r.output_ids for r in records], ar_outputs)
         summary.update(lossless=counts["mismatch"] == 0, lossless_counts=counts)
     return summary
+
 
 def through_vllm(args: argparse.Namespace, ckpt: str, baseline: str | None, verifier_path: str, family: str,
                  prompts: list[dict], suite: str, out: Path) -> int:
