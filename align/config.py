@@ -19,10 +19,11 @@ from typing import Any
 
 import yaml
 
+from align.distill.losses import OBJECTIVES
 from align.errors import AlignError
+from align.families import TRAINED, traits
 
-
-NEEDS_TEACHER = frozenset({"kd", "tv", "sampled_streak"})  # objectives that read the verifier's logits
+NEEDS_TEACHER = frozenset(name for name, o in OBJECTIVES.items() if o.needs_teacher)  # read the verifier's logits
 
 
 class RecipeError(AlignError):
@@ -59,7 +60,7 @@ class DrafterConfig:
     path: str = option("zoo:tiny-diffusiongemma", "Drafter to align: a local folder, a hub name, or zoo:NAME.")
     family: str = option("diffusiongemma", "Drafter family: its canvas and logits convention (dflash: the feature-"
                          "conditioned drafter, which drafts from the verifier's hidden states; docs/dflash.md).",
-                         choices=("diffusiongemma", "mdlm", "dream", "dflash"))
+                         choices=TRAINED)
     trust_remote_code: bool = option(False, "Allow the drafter's own modelling code (needed by Dream/DiffuCoder).")
     mask_token_id: int | None = option(None, "Mask token id for masked families; null reads the tokenizer's.", min=0)
     freeze_embeddings: bool = option(False, "Keep the drafter's token embeddings and its (tied) output head as they "
@@ -103,8 +104,7 @@ class DataConfig:
 @dataclass
 class DistillConfig:
     objective: str = option("ce", "Training loss (align/distill/losses.py; the measured ranking: README, Benchmarks).",
-                            choices=("streak", "ce_streak", "ce", "kd", "tv", "streak_ce", "first_failure", "margin",
-                                     "sampled_streak", "decayed_ce"))
+                            choices=tuple(OBJECTIVES))
     gamma: int = option(16, "Block length: canvas positions per window.", min=1, max=256)
     temperature: float = option(1.0, "Deployment temperature applied to the drafter's logits inside q.", min=1e-3)
     ce_weight: float = option(0.0, "Weight of an added plain cross-entropy term (0: the objective alone).", min=0.0)
@@ -391,10 +391,12 @@ def _describe(base: Any, meta: Any) -> str:
 
 
 def packing_on(recipe: Recipe) -> bool:
-    """Whether training packs windows (``data.packing``; null: where it is exact, the diffusiongemma family)."""
-    if recipe.drafter.family == "dflash":  # every window of a rollout in one drafter pass, always
+    """Whether training packs windows (``data.packing``; null: where it is exact, a family whose prefix pass is
+    causal). A drafter that reads the verifier's features always runs a rollout's windows in one pass."""
+    kind = traits(recipe.drafter.family)
+    if kind.reads_features:
         return True
-    return recipe.data.packing if recipe.data.packing is not None else recipe.drafter.family == "diffusiongemma"
+    return recipe.data.packing if recipe.data.packing is not None else kind.causal_prefix
 
 
 def _check_recipe(recipe: Recipe) -> None:
@@ -407,31 +409,32 @@ def _check_recipe(recipe: Recipe) -> None:
         raise RecipeError("recipe key deepspeed.offload_params: true needs deepspeed.zero_stage: 3")
     if recipe.deepspeed.offload_optimizer and recipe.deepspeed.zero_stage == 0:
         raise RecipeError("recipe key deepspeed.offload_optimizer: true needs deepspeed.zero_stage >= 1")
-    if recipe.drafter.family == "dream" and not recipe.drafter.trust_remote_code:
-        raise RecipeError("recipe key drafter.trust_remote_code: Dream-style drafters ship their own modelling code; "
-                          "set drafter.trust_remote_code: true")
-    if recipe.data.packing and recipe.drafter.family not in ("diffusiongemma", "dflash"):
+    family, kind = recipe.drafter.family, traits(recipe.drafter.family)
+    if kind.remote_code and not recipe.drafter.trust_remote_code:
+        raise RecipeError(f"recipe key drafter.trust_remote_code: {family} drafters (Dream-style) ship their own "
+                          "modelling code; set drafter.trust_remote_code: true")
+    if recipe.data.packing and not (kind.causal_prefix or kind.reads_features):
         raise RecipeError(f"recipe key data.packing: true needs a causal prefix encoder (diffusiongemma); the "
-                          f"{recipe.drafter.family} family re-reads its prefix bidirectionally, so windows cannot "
+                          f"{family} family re-reads its prefix bidirectionally, so windows cannot "
                           "share it: set data.packing: null (or false; distill.stride subsamples offsets)")
-    if recipe.distill.next_token_weight and not packing_on(recipe) and recipe.drafter.family != "dflash":
+    if recipe.distill.next_token_weight and not packing_on(recipe) and not kind.reads_features:
         raise RecipeError(f"recipe key distill.next_token_weight: got {recipe.distill.next_token_weight}; it reads the "
                           "packed prefix pass, and this recipe trains one window at a time (data.packing off or a "
-                          f"{recipe.drafter.family} drafter): set distill.next_token_weight: 0 or data.packing: null")
-    if recipe.distill.first_token == "encoder" and recipe.drafter.family != "diffusiongemma":
+                          f"{family} drafter): set distill.next_token_weight: 0 or data.packing: null")
+    if recipe.distill.first_token == "encoder" and not kind.causal_prefix:
         raise RecipeError(f"recipe key distill.first_token: encoder needs a causal prefix encoder (diffusiongemma); "
-                          f"the {recipe.drafter.family} family has no next-token prediction: set distill.first_token: "
+                          f"the {family} family has no next-token prediction: set distill.first_token: "
                           "canvas")
     if recipe.distill.first_token == "encoder" and not recipe.distill.next_token_weight:
         raise RecipeError("recipe key distill.first_token: encoder drafts each block's first token from the prefix "
                           "pass's next-token prediction, and distill.next_token_weight is 0, so nothing would train "
                           "that prediction; set distill.next_token_weight > 0 (1.0 in recipes/tiny.yaml) or "
                           "distill.first_token: canvas")
-    if recipe.drafter.family == "dflash":
-        _check_dflash(recipe)
-    if recipe.data.feature_cache and recipe.drafter.family != "dflash":
+    if kind.reads_features:
+        _check_features(recipe)
+    if recipe.data.feature_cache and not kind.reads_features:
         raise RecipeError(f"recipe key data.feature_cache: true caches the verifier's features a dflash drafter reads; "
-                          f"a {recipe.drafter.family} drafter reads none: set data.feature_cache: false")
+                          f"a {family} drafter reads none: set data.feature_cache: false")
     if recipe.data.feature_cache and recipe.distill.objective in NEEDS_TEACHER:
         raise RecipeError(f"recipe key data.feature_cache: true leaves the verifier out of the training loop, and "
                           f"distill.objective {recipe.distill.objective} reads its logits at every step: set "
@@ -447,10 +450,9 @@ def _check_recipe(recipe: Recipe) -> None:
         raise RecipeError("recipe key data.top_p: got 0; expected a number > 0")
 
 
-
-def _check_dflash(recipe: Recipe) -> None:
-    """What the feature-conditioned drafter cannot do: it drafts a block from the verifier's features (in T passes
-    left to right, not by confidence), and has no embeddings, prefix encoder or canvas of its own."""
+def _check_features(recipe: Recipe) -> None:
+    """What a feature-conditioned drafter (dflash) cannot do: it drafts a block from the verifier's features (in T
+    passes left to right, not by confidence), and has no embeddings, prefix encoder or canvas of its own."""
     d = recipe.distill
     for key, value, fix in (("distill.next_token_weight", d.next_token_weight != 0, "0"),
                             ("distill.first_token", d.first_token != "canvas", "canvas"),
@@ -461,6 +463,7 @@ def _check_dflash(recipe: Recipe) -> None:
         if value:
             raise RecipeError(f"recipe key {key} does not apply to the dflash drafter (it drafts from the verifier's "
                               f"features; the verifier's embeddings and head, always frozen): set {key}: {fix}")
+
 
 if __name__ == "__main__":
     print(recipe_markdown(), end="")

@@ -13,8 +13,9 @@ import argparse
 import json
 import sys
 
-from align.errors import AlignError, run_cli
-from align.loading import load_pair
+from align.errors import run_cli
+from align.drafters import load_pair
+from align.families import FAMILIES
 from align.lossless import classify
 from align.metrics import now
 from align.prompts import encode_prompt
@@ -28,7 +29,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--drafter", required=True, help="drafter path, hub name or zoo:NAME")
     p.add_argument("--verifier", required=True, help="verifier path, hub name or zoo:NAME")
     p.add_argument("--family", default=None,
-                   help="drafter family (diffusiongemma, mdlm, dream, dflash); default: detected")
+                   help=f"drafter family ({', '.join(FAMILIES)}); default: the folder's (meta.json), or detected")
     p.add_argument("--prompt", required=True, help="the prompt (the chat template is applied when there is one)")
     p.add_argument("--gamma", type=int, default=16, help="draft tokens per block")
     p.add_argument("--steps", type=int, default=None,
@@ -50,17 +51,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    from align.zoo import resolve
-    from align.loading import check_model_folder, infer_family, trained_steps
+    from align.loading import check_model_folder, trained_steps
 
     args = parse_args(argv)
-    check_model_folder(args.drafter, "drafter")  # both before either is built or loaded
+    check_model_folder(args.drafter, "drafter", args.family)  # both before either is built or loaded
     check_model_folder(args.verifier, "verifier")
-    family = args.family or infer_family(resolve(args.drafter), args.trust_remote_code)
+    drafter, verifier, tokenizer = load_pair(args.drafter, args.verifier, args.family, args.dtype,
+                                             args.trust_remote_code, device=args.device)  # the family: the folder's
     if args.steps is None:
         args.steps = trained_steps(args.drafter)
-    drafter, verifier, tokenizer = load_pair(args.drafter, args.verifier, family, args.dtype, args.trust_remote_code,
-                                             device=args.device)
     decoder = SpeculativeDecoder(drafter, verifier, eos_ids(verifier.model, tokenizer))
     prompt = encode_prompt(tokenizer, args.prompt)
     selection = make_selection(args.k, args.drafter_temperature, args.scorer, args.candidates)

@@ -23,6 +23,7 @@ from align.config import build_recipe, save_recipe
 from align.distill.backend import full_state_dict
 from align.distill.lora import merge_lora, update_kept
 from align.errors import AlignError, run_cli
+from align.families import traits
 from align.files import atomic_folder
 from align.loading import DTYPES, load_drafter_model
 
@@ -53,13 +54,13 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         "objective": recipe.distill.objective, "gamma": recipe.distill.gamma,
         "canvas_seed": recipe.distill.canvas_seed, "first_token": recipe.distill.first_token,
         "denoise_steps": recipe.distill.denoise_steps,  # the T decoding drafts in by default (dflash)
-        # what the drafter read of the prefix in training; align.drafter.Drafter decides who re-reads it
+        # what the drafter read of the prefix in training; align.drafters.diffusion.Drafter decides who re-reads it
         "context": recipe.data.max_prefix_len,
         "temperature": recipe.distill.temperature, "steps": state["step"], "run": recipe.run.name,
         "data_fingerprint": state.get("data_fingerprint"), "heldout": state.get("heldout", {}),
         "align_version": align.__version__, "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    if recipe.drafter.family == "dflash":  # the verifier it reads: loading refuses any other
+    if traits(recipe.drafter.family).reads_features:  # the verifier it reads: loading refuses any other
         meta["verifier_layers"] = model.config.target_layer_ids
         meta["verifier_fingerprint"] = (state.get("data_fingerprint") or {}).get("verifier_fingerprint")
     with atomic_folder(out, f"the export into {out}") as partial:  # the previous export stays whole until then

@@ -1,25 +1,26 @@
-"""Loading verifiers and drafters from paths (local folders, hub names or ``zoo:NAME``), with clear refusals.
+"""Loading models from paths (local folders, hub names or ``zoo:NAME``), with clear refusals.
 
-A drafter must be the diffusion model its family says, and drafter and verifier must share a tokenizer: the
-drafter's tokenizer may add tokens after the verifier's (Dream adds ``<|mask|>``), but every verifier token must
-have the same id in both. Logit rows past the shared vocabulary (padding rows) are sliced from the drafter's
-distribution; the verifier's distribution is never changed.
+A model path is checked once, before anything is built or loaded (:func:`check_model_folder`), and loaded by the
+functions here: the verifier (any causal LM), a drafter's model as its family says (``align.families``), tokenizers,
+and what an export's meta.json records. Drafters themselves are built by ``align.drafters.load_drafter``, on top.
+
+Drafter and verifier must share a tokenizer: the drafter's tokenizer may add tokens after the verifier's (Dream adds
+``<|mask|>``), but every verifier token must have the same id in both. Logit rows past the shared vocabulary
+(padding rows) are sliced from the drafter's distribution; the verifier's distribution is never changed.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from align.dflash.drafter import FAMILY as DFLASH
-from align.drafter import FAMILIES, FIRST_TOKEN, Drafter
-from align.models.dflash import ARCHITECTURE
 from align.errors import AlignError
-from align.verifier import Verifier
+from align.families import FAMILIES, Traits, traits
 from align.machine import default_device, usable_cores  # noqa: F401 (imported from here by callers)
 from align.zoo import check_name, is_built, resolve
 
@@ -59,45 +60,52 @@ def load_verifier_model(path: str, dtype: str = "float32", device: str | None = 
 
 def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_remote_code: bool = False,
                        device: str | None = None) -> tuple[Any, Any]:
-    """(diffusion model, tokenizer) from ``path`` on ``device``, refusing a model that is not of ``family``."""
-    if family not in FAMILIES and family != DFLASH:
-        raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join([*FAMILIES, DFLASH])}")
+    """(drafter model, tokenizer) from ``path`` on ``device``, refusing a model that is not of ``family`` (one whose
+    config says it is another family's, or a causal language model given as a diffusion drafter)."""
     path = resolve(path)
     config = _config(path, "drafter", trust_remote_code)
-    kind = config.model_type
-    dflash = ARCHITECTURE in (getattr(config, "architectures", None) or [])
-    if dflash != (family == DFLASH):
-        raise AlignError(f"the drafter '{path}' is {'a' if dflash else 'not a'} feature-conditioned (dflash) drafter: "
-                         f"set drafter.family: {'dflash' if dflash else infer_family(path, trust_remote_code)}")
-    if dflash:
-        from align.models.dflash import DFlashDraftModel
-
-        model = _weights(DFlashDraftModel, path, "drafter", dtype=DTYPES[dtype])
-        return (model.to(device) if device is not None else model).eval(), load_tokenizer(path, "drafter")
-    if family == "diffusiongemma" and kind != "diffusion_gemma":
-        raise AlignError(f"the drafter '{path}' is a {kind} model, not a DiffusionGemma block-diffusion model; "
-                         "check drafter.path and drafter.family")
-    if family != "diffusiongemma" and kind == "diffusion_gemma":
-        raise AlignError(f"the drafter '{path}' is a DiffusionGemma model: set drafter.family: diffusiongemma")
-    if getattr(config, "is_decoder", False) or kind in _causal_types():
-        raise AlignError(f"the drafter '{path}' is a causal language model ({kind}), not a diffusion model; "
-                         "check drafter.path")
+    check_family(path, family, config.model_type, getattr(config, "architectures", None),
+                 getattr(config, "is_decoder", False))
     try:
-        if family == "diffusiongemma":
-            from align.models.diffusiongemma import drafter_class
-
-            cls = drafter_class(config)  # DiffusionGemma, or with Gemma 3's value path
-        elif family == "mdlm":
-            cls = AutoModelForMaskedLM
-        else:
-            cls = AutoModel
-        model = _weights(cls, path, "drafter", dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+        model = _weights(model_class(family, config), path, "drafter", dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     except ValueError as error:
-        raise AlignError(f"the drafter '{path}' ({kind}) cannot be loaded as a {family} diffusion model "
+        raise AlignError(f"the drafter '{path}' ({config.model_type}) cannot be loaded as a {family} model "
                          f"({str(error).splitlines()[0]}); check drafter.path and drafter.family") from None
     if device is not None:
         model.to(device)
     return model.eval(), load_tokenizer(path, "drafter", trust_remote_code)
+
+
+def model_class(family: str, config: Any) -> Any:
+    """The class a model of ``family`` with ``config`` loads into (its traits' ``model_class``)."""
+    module, name = traits(family).model_class.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls if isinstance(cls, type) else cls(config)  # else a function of the config that picks the class
+
+
+def detected(model_type: str | None, architectures: list[str] | None) -> Traits | None:
+    """The family whose architecture or model type a config names (None: it names none)."""
+    for kind in FAMILIES.values():
+        if (kind.architecture and kind.architecture in (architectures or [])) or \
+                (kind.model_type and kind.model_type == model_type):
+            return kind
+    return None
+
+
+def check_family(path: str, family: str, model_type: str | None, architectures: list[str] | None,
+                 is_decoder: bool = False) -> None:
+    """Refuse a drafter whose config says it is not of ``family``: another family's model, or a causal language
+    model given as a diffusion drafter (read from the config alone, before anything is built or loaded)."""
+    kind, found = traits(family), detected(model_type, architectures)
+    if found is not None and found is not kind:
+        raise AlignError(f"the drafter '{path}' is a {found.name} model ({model_type}), not a {family} one: "
+                         f"set drafter.family: {found.name}")
+    if (kind.architecture or kind.model_type) and found is None:
+        raise AlignError(f"the drafter '{path}' is a {model_type} model, not a {family} drafter; check "
+                         "drafter.path and drafter.family")
+    if not kind.autoregressive and found is None and (is_decoder or model_type in _causal_types()):
+        raise AlignError(f"the drafter '{path}' is a causal language model ({model_type}), not a diffusion "
+                         "model; check drafter.path")
 
 
 def export_meta(path: str) -> dict[str, Any]:
@@ -111,15 +119,11 @@ def export_meta(path: str) -> dict[str, Any]:
 
 
 def drafting_of(path: str) -> dict[str, Any]:
-    """How an exported drafter drafts, as its training set it (its meta.json; defaults for a folder that is not an
-    export): ``canvas_seed``, the fixed canvas it was trained on (None: a fresh draw per block), ``first_token``, what
-    drafts a block's first token, and ``context``, the prefix tokens a bidirectional drafter reads (its training's
-    ``data.max_prefix_len``; None: all). Keyword arguments of :class:`align.drafter.Drafter`."""
-    found = export_meta(path)
-    seed, first, context = found.get("canvas_seed"), found.get("first_token"), found.get("context")
-    return {"canvas_seed": seed if isinstance(seed, int) else None,
-            "first_token": first if first in FIRST_TOKEN else "canvas",
-            "context": context if isinstance(context, int) and context > 0 else None}
+    """How an exported drafter drafts, as its training set it (:func:`align.drafters.diffusion.drafting` of its
+    meta.json): keyword arguments of :class:`align.drafters.diffusion.Drafter`."""
+    from align.drafters.diffusion import drafting
+
+    return drafting(export_meta(path))
 
 
 def trained_steps(path: str) -> int:
@@ -129,18 +133,21 @@ def trained_steps(path: str) -> int:
     return steps if isinstance(steps, int) and steps > 0 else 1
 
 
-def check_model_folder(path: str, role: str) -> None:
-    """Before anything loads: a local model folder has a config and weights whose headers read (a truncated or
-    half-copied ``*.safetensors`` is named here, not after an hour of other work); a zoo name is in the zoo, and one
-    not built yet is left to build after every other check (``align.zoo.check_name``). Hub names pass through."""
+def check_model_folder(path: str, role: str, family: str | None = None) -> str | None:
+    """The one check of a model path, before anything is built or loaded: a local model folder has a config and
+    weights whose headers read (a truncated or half-copied ``*.safetensors`` is named here, not after an hour of
+    other work), and its config says it is what ``role`` needs — a drafter of ``family`` (when given), or, for the
+    verifier, no drafter; a zoo name is in the zoo, and one not built yet is left to build after every other check
+    (``align.zoo.check_name``); hub names pass through. Returns the local folder, or None (a zoo model still to
+    build, a hub name)."""
     name = check_name(path)
     if name is not None and not is_built(name):
-        return  # a zoo model that is not built yet: built once every input has been checked
-    folder = Path(resolve(path))
+        return None  # a zoo model that is not built yet: built once every input has been checked
+    folder = Path(resolve(path))  # a built zoo model's folder: nothing is built here
     if not folder.exists():
         if path.startswith(("/", ".", "~")) or Path(path).suffix:
             raise AlignError(f"the {role} folder '{path}' does not exist; check the path")
-        return  # a hub name: from_pretrained resolves it
+        return None  # a hub name: from_pretrained resolves it
     if not (folder / "config.json").is_file():
         raise AlignError(f"the {role} folder '{path}' has no config.json; it is not a saved model (export or copy "
                          "it again)")
@@ -153,6 +160,20 @@ def check_model_folder(path: str, role: str) -> None:
         except (SafetensorError, OSError) as error:
             raise AlignError(f"the {role}'s weights {file} cannot be read ({str(error).strip().splitlines()[0][:160]});"
                              " the file is truncated or corrupt: export or copy it again") from None
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise AlignError(f"the {role}'s config {folder / 'config.json'} is not valid JSON ({error}); export or copy "
+                         "it again") from None
+    model_type, architectures = config.get("model_type"), config.get("architectures")
+    if role == "verifier":
+        found = detected(model_type, architectures)
+        if found is not None and not found.autoregressive:
+            raise AlignError(f"the verifier '{path}' is a {found.name} drafter, not a causal language model; pass "
+                             "the verifier (the model whose output must not change) as the verifier")
+    elif family is not None:
+        check_family(path, family, model_type, architectures, bool(config.get("is_decoder")))
+    return str(folder)
 
 
 def _weights(cls: Any, path: str, role: str, **kwargs) -> Any:
@@ -191,63 +212,16 @@ def shared_vocab_size(drafter_tokenizer: Any, verifier_tokenizer: Any, drafter_n
     return max(verifier_vocab.values()) + 1
 
 
-def load_pair(drafter_path: str, verifier_path: str, family: str, dtype: str = "float32",
-              trust_remote_code: bool = False, mask_token_id: int | None = None,
-              drafter_dtype: str | None = None, device: str | None = None) -> tuple[Drafter, Verifier, Any]:
-    """(Drafter, Verifier, tokenizer) on ``device`` (default: the accelerator when present), vocabulary checked; a
-    dflash drafter is a :class:`DFlashDrafter` reading this verifier (refused unless trained on it)."""
-    device = device or default_device()
-    verifier_model, tokenizer = load_verifier_model(verifier_path, dtype, device)
-    if family == DFLASH:
-        vocab = shared_vocab_size(load_tokenizer(resolve(drafter_path), "dflash drafter"), tokenizer, drafter_path,
-                                  verifier_path)
-        drafter = load_dflash_drafter(resolve(drafter_path), verifier_model, vocab, drafter_dtype or dtype, device,
-                                      verifier_path)
-        return drafter, Verifier(verifier_model), tokenizer
-    drafter_model, drafter_tokenizer = load_drafter_model(drafter_path, family, drafter_dtype or dtype,
-                                                          trust_remote_code, device)
-    vocab = shared_vocab_size(drafter_tokenizer, tokenizer, drafter_path, verifier_path)
-    rows = drafter_model.get_output_embeddings().weight.shape[0] if drafter_model.get_output_embeddings() is not None else vocab
-    if rows < vocab:
-        raise AlignError(f"the drafter '{drafter_path}' has {rows} logit rows, fewer than the {vocab} tokens of the "
-                         "shared vocabulary")
-    if mask_token_id is None:
-        mask_token_id = drafter_tokenizer.mask_token_id
-    drafter = Drafter(drafter_model, family, vocab, mask_token_id, **drafting_of(drafter_path))
-    return drafter, Verifier(verifier_model), tokenizer
-
-
 def infer_family(path: str, trust_remote_code: bool = False) -> str:
-    """The drafter family a model folder belongs to (its config says; exported drafters also name it)."""
-    meta = Path(path) / "meta.json"
-    if meta.is_file():
-        import json
-
-        family = json.loads(meta.read_text()).get("family")
-        if family:
-            return family
+    """The drafter family a model folder belongs to: an export's meta.json names it; otherwise its config (a family's
+    architecture or model type; remote code with an ``AutoModel`` entry: ``dream``; else ``mdlm``, any masked LM)."""
+    family = export_meta(path).get("family")
+    if isinstance(family, str) and family:
+        return family
     config = _config(path, "drafter", trust_remote_code)
-    if ARCHITECTURE in (getattr(config, "architectures", None) or []):
-        return DFLASH
-    if config.model_type == "diffusion_gemma":
-        return "diffusiongemma"
+    found = detected(config.model_type, getattr(config, "architectures", None))
+    if found is not None:
+        return found.name
     if getattr(config, "auto_map", None) and "AutoModel" in config.auto_map:
-        return "dream"
+        return next(name for name, kind in FAMILIES.items() if kind.remote_code)
     return "mdlm"
-
-
-def load_dflash_drafter(path: str | Path, verifier_model: Any, vocab_size: int, dtype: str = "float32",
-                        device: str | torch.device | None = None, verifier_name: str = "the verifier") -> DFlashDrafter:
-    """A :class:`DFlashDrafter` from a saved folder, for ``verifier_model`` (checked against the drafter's meta)."""
-    from align.dflash.drafter import DFlashDrafter, check_verifier
-    from align.features import check_layers
-
-    check_verifier(path, verifier_model, verifier_name)
-    model, _ = load_drafter_model(str(path), DFLASH, dtype, device=device)
-    check_layers(verifier_model, model.config.target_layer_ids)
-    width = verifier_model.config.get_text_config().hidden_size
-    if (model.config.target_hidden_size or model.config.hidden_size) != width or model.config.hidden_size != width:
-        raise AlignError(f"the dflash drafter {path} is {model.config.hidden_size} wide and reads features "
-                         f"{model.config.target_hidden_size} wide, but the verifier is {width} wide: it shares the "
-                         "verifier's embeddings and head, so both must be the verifier's width")
-    return DFlashDrafter(model, verifier_model, vocab_size)

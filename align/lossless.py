@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from align.drafter_pass import cache_keyword
+from align.inference import cache_keyword
 
 #: how many units in the last place of the top logit count as a tie (the spread of one rounding per layer pass)
 NEAR_TIE_ULPS = 4

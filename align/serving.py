@@ -24,7 +24,7 @@ the model's length leaves less room. Prefix state: each running request keeps it
 the encoder's KV cache), found again at the next step as the state whose tokens begin the request's context, so
 only the tokens added since (accepted drafts and the bonus token) are encoded; states of requests that are no
 longer running are dropped after each step. Every running request is drafted in the same drafter pass
-(:meth:`align.drafter.Drafter.marginals_many`: DiffusionGemma's rows go through each layer together, attention per
+(:meth:`align.drafters.diffusion.Drafter.marginals_many`: DiffusionGemma's rows go through each layer together, attention per
 request against its own cache); a request near the length limit gets γ drafted and keeps what fits.
 """
 
@@ -35,14 +35,16 @@ from typing import Any
 
 import torch
 
-from align.drafter import Drafter, PrefixState
+from align.drafters import load_drafter
+from align.drafters.diffusion import Drafter
 from align.errors import AlignError
-from align.loading import drafting_of, infer_family, load_drafter_model, load_tokenizer, shared_vocab_size
+from align.inference import PrefixState
+from align.loading import infer_family
 from align.zoo import resolve
 
 
 class DiffusionProposer:
-    """vLLM's ``custom_class`` proposer around an align :class:`~align.drafter.Drafter`."""
+    """vLLM's ``custom_class`` proposer around an align diffusion drafter (:class:`~align.drafters.diffusion.Drafter`)."""
 
     def __init__(self, vllm_config: Any):
         self.gamma = int(vllm_config.speculative_config.num_speculative_tokens)
@@ -66,11 +68,11 @@ class DiffusionProposer:
         device = "cpu"
         if target_model is not None:
             device = str(next(target_model.parameters()).device)
-        model, tokenizer = load_drafter_model(self.path, self.family, self.dtype, device=device)
-        vocab = shared_vocab_size(tokenizer, load_tokenizer(self.verifier_path, "verifier"), self.path,
-                                  self.verifier_path)
-        self.drafter = Drafter(model, self.family, vocab, tokenizer.mask_token_id,
-                               **drafting_of(self.path))
+        drafter = load_drafter(self.path, self.verifier_path, family=self.family, dtype=self.dtype, device=device)
+        if not isinstance(drafter, Drafter):
+            raise AlignError(f"align.serving.DiffusionProposer serves diffusion drafters; {self.path} is a "
+                             f"{self.family} drafter (a dflash export is served by vLLM's own 'dflash' method)")
+        self.drafter = drafter
 
     def _state_for(self, context: list[int]) -> PrefixState:
         """The kept state whose tokens are the longest prefix of ``context`` (taken out of the pool), or a new one."""

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from align.drafter import Drafter
-from align.drafter_pass import grad_free
+from align.drafters.base import DrafterKind
 from align.errors import AlignError
+from align.inference import grad_free
 from align.metrics import Block, DecodeStats, now
 from align.verifier import Verifier
 
@@ -73,9 +73,10 @@ class Generation:
 
 
 class SpeculativeDecoder:
-    """A drafter and a verifier that share a vocabulary, decoding one sequence at a time."""
+    """A drafter (any :class:`~align.drafters.base.DrafterKind`) and a verifier that share a vocabulary, decoding
+    one sequence at a time."""
 
-    def __init__(self, drafter: Drafter, verifier: Verifier, eos_token_ids: set[int] | list[int] | int | None):
+    def __init__(self, drafter: DrafterKind, verifier: Verifier, eos_token_ids: set[int] | list[int] | int | None):
         self.drafter = drafter
         self.verifier = verifier
         if eos_token_ids is None:
@@ -90,12 +91,12 @@ class SpeculativeDecoder:
         distributed as the verifier's temperature sampling. ``selection`` (an ``align.selection.Selection``)
         turns on K drafts per block.
         """
-        reads = getattr(self.drafter, "verifier_layers", None)  # a feature-conditioned drafter (align.dflash)
+        reads = self.drafter.verifier_layers  # a feature-conditioned drafter's (align.drafters.dflash)
         if reads:  # the verifier's passes hand over their hidden states; only while this generation runs
             self.verifier.record(reads)
-            self.drafter.bind(self.verifier)
+        self.drafter.bind(self.verifier)
         try:
-            with grad_free(getattr(self.verifier, "lean", False)):
+            with grad_free(self.verifier.lean):
                 return self._generate(prompt, max_new_tokens, gamma, steps, temperature, seed, selection)
         finally:
             if reads:
@@ -127,14 +128,14 @@ class SpeculativeDecoder:
                 room = min(room, limit - self.verifier.length - 1)
             g = min(gamma, room)
             prefix = torch.tensor([prompt + out.tokens], device=device)
-            if g and getattr(self.drafter, "needs_features", None) and self.drafter.needs_features(prefix.shape[1]):
+            if g and self.drafter.needs_features(prefix.shape[1]):
                 g = 0  # the verifier runs the prompt first: its features are the drafter's context
             t0 = now(device)
             if g == 0:  # no room for a draft: one plain verifier step
                 logq, drafts = None, torch.zeros((1, 0), dtype=torch.long, device=device)
             else:
                 logq = self.drafter.marginals(prefix, g, steps, temperature, generator)[0]  # (γ, V)
-                own = getattr(self.drafter, "draft", None)  # an AR drafter's own draft: its rows are conditioned on it
+                own = self.drafter.draft  # a draft the drafter drew itself: its rows are conditioned on it
                 if own is not None and selection is None:
                     drafts = own[:1]
                 else:

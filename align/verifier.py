@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from align.drafter_pass import cache_keyword, forward_accepts, grad_free, lean_default
+from align.inference import cache_keyword, forward_accepts, grad_free, lean_default
 from align.errors import AlignError
 from align.features import FeatureTap
 from align.metrics import now

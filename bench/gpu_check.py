@@ -4,8 +4,9 @@
     python bench/gpu_check.py --pair qwen-diffucoder
     python bench/gpu_check.py --scale cpu --steps 1 --zero 3 --gammas 8 --ks 1,2 --prompts 1 --max-new-tokens 8   # CPU smoke
 
-Prints three tables: training tokens/s and peak memory under ZeRO-2 and ZeRO-3 in bf16, with LoRA and full
-fine-tuning (one process, the trainer's own Engine, loss and model loading); drafter-pass and verifier-pass latency
+Prints three tables: training windows/s and peak memory under ZeRO-2 and ZeRO-3 in bf16, with LoRA and full
+fine-tuning (one process, the trainer's own step: its strategy, Engine, loss and model loading, on random-token
+rollouts); drafter-pass and verifier-pass latency
 per block at each γ and K (after a warm-up, device synchronised); speculative decoding against the verifier alone
 in tokens/s (greedy, same prompts, both warmed up). Replicas are built into ``--out``/cache (align/zoo/replicas.py).
 """
@@ -36,15 +37,17 @@ def peak_memory(device) -> float:
 
 
 def train_throughput(pair: str, zero: int, lora: bool, args) -> tuple[float, float]:
-    """(training tokens/s, peak GiB) of ``args.steps`` timed steps after one warm-up step."""
+    """(training windows/s, peak GiB) of ``args.steps`` timed steps after one warm-up step: the trainer's own step
+    (``align.distill.strategy.train_step``, with the recipe's strategy, loss and Engine) on random-token rollouts of
+    ``args.prefix`` prompt tokens and ``args.response`` response tokens, every window of each."""
     import torch
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     from align.config import load_recipe
     from align.distill.backend import Engine
     from align.distill.lora import add_lora
-    from align.distill.losses import ce_loss
-    from align.drafter import FAMILIES
+    from align.distill.strategy import strategy_for, train_step
+    from align.distill.windows import window_index
     from align.loading import load_drafter_model
     from align.metrics import now
 
@@ -52,7 +55,8 @@ def train_throughput(pair: str, zero: int, lora: bool, args) -> tuple[float, flo
     b = args.micro_batch
     recipe = load_recipe(ROOT / "recipes" / f"{pair}.yaml", [
         f"drafter.path=zoo:{drafter}", f"deepspeed.zero_stage={zero}", "deepspeed.bf16=true",
-        f"lora.r={32 if lora else 0}", f"train.micro_batch_size={b}", f"train.global_batch_size={b}"])
+        f"lora.r={32 if lora else 0}", f"train.micro_batch_size={b}", f"train.global_batch_size={b}",
+        f"data.max_prefix_len={args.prefix}", f"train.max_steps={args.steps + 1}", "train.warmup_steps=0"])
     zero3 = Engine.prepare(recipe, 1)
     model, tokenizer = load_drafter_model(recipe.drafter.path, family, "bfloat16", recipe.drafter.trust_remote_code)
     if lora:
@@ -61,25 +65,25 @@ def train_throughput(pair: str, zero: int, lora: bool, args) -> tuple[float, flo
     device = engine.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    gamma, vocab = recipe.distill.gamma, len(tokenizer)
     g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(300, 20_000, (b, args.prefix), generator=g).to(device)
-    canvas = torch.randint(300, 20_000, (b, gamma), generator=g).to(device)
-    labels = torch.randint(300, 20_000, (b, gamma), generator=g).to(device)
+    rows = [{"prompt_ids": torch.randint(300, 20_000, (args.prefix,), generator=g).tolist(),
+             "response_ids": torch.randint(300, 20_000, (args.response,), generator=g).tolist()}
+            for _ in range(b * (args.steps + 1))]
+    mask = recipe.drafter.mask_token_id if recipe.drafter.mask_token_id is not None else tokenizer.mask_token_id
+    strategy = strategy_for(recipe)(recipe, engine.engine, rows, len(tokenizer), mask, device=device)
+    pairs = window_index([args.response] * len(rows), list(range(len(rows))))
     for step in range(args.steps + 1):
         if step == 1:
             start = now(device)
-        logits = FAMILIES[family].canvas_logits(engine.engine, prefix, torch.ones_like(prefix), canvas)[..., :vocab]
-        engine.backward(ce_loss(logits, labels).num / labels.numel())
-        engine.step()
+        train_step(strategy, engine, pairs[step * b:(step + 1) * b], step, b)
     seconds = now(device) - start
     peak = peak_memory(device)
-    del engine, model, zero3
+    del engine, model, zero3, strategy
     unset_hf_deepspeed_config()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return args.steps * b * (args.prefix + gamma) / seconds, peak
+    return args.steps * b / seconds, peak
 
 
 def pass_latency(drafter, verifier, prompt: list[int], gamma: int, k: int, repeats: int) -> tuple[float, float]:
@@ -118,7 +122,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5, help="timed training steps per setting")
     p.add_argument("--zero", default="2,3", help="ZeRO stages timed (comma list), each with LoRA and full fine-tuning")
     p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--prefix", type=int, default=512, help="prefix tokens per training window")
+    p.add_argument("--prefix", type=int, default=512, help="prompt tokens of each training rollout")
+    p.add_argument("--response", type=int, default=64, help="response tokens of each training rollout (a window "
+                   "per token)")
     p.add_argument("--gammas", default="8,16,32")
     p.add_argument("--ks", default="1,8")
     p.add_argument("--prompts", type=int, default=8)
@@ -129,7 +135,7 @@ def main() -> int:
 
     import torch
 
-    from align.train import init_distributed
+    from align.distill.distributed import init_distributed
     from align.zoo.build import ZooSpec, build
 
     verifier_name, drafter_name, family = PAIRS[args.pair]
@@ -138,13 +144,15 @@ def main() -> int:
     print(f"replicas ready in {time.perf_counter() - start:.0f} s", flush=True)
     init_distributed()
 
-    print("\n| training (bf16, 1 process) | tokens/s | peak memory (GiB) |\n|---|---|---|", flush=True)
+    print("\n| training (bf16, 1 process, the trainer's step) | windows/s | peak memory (GiB) |\n|---|---|---|",
+          flush=True)
     for zero in map(int, args.zero.split(",")):
         for lora in (True, False):
             speed, peak = train_throughput(args.pair, zero, lora, args)
-            print(f"| ZeRO-{zero}, {'LoRA r=32' if lora else 'full'} | {speed:,.0f} | {peak:.1f} |", flush=True)
+            print(f"| ZeRO-{zero}, {'LoRA r=32' if lora else 'full'} | {speed:,.1f} | {peak:.1f} |", flush=True)
 
-    from align.loading import load_pair
+    from align.drafters import load_pair
+    from align.families import traits
     from align.prompts import encode_prompt
     from align.speculative import SpeculativeDecoder
     from align.tinyworld.corpus import read_jsonl
@@ -153,7 +161,7 @@ def main() -> int:
     from align.zoo import model_dir, world_dir
 
     drafter, verifier, tokenizer = load_pair(str(model_dir(drafter_name)), str(model_dir(verifier_name)), family,
-                                             "bfloat16", trust_remote_code=family == "dream")
+                                             "bfloat16", trust_remote_code=traits(family).remote_code)
     prompts = [encode_prompt(tokenizer, r["prompt"]) for r in read_jsonl(world_dir() / "test_prompts.jsonl")]
     prompts = prompts[:args.prompts]
     print("\n| γ | K | drafter pass (ms) | verifier pass (ms) |\n|---|---|---|---|", flush=True)

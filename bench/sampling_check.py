@@ -26,7 +26,9 @@ from tqdm.auto import tqdm  # noqa: E402
 
 
 def main() -> None:
-    from align.loading import drafting_of, load_pair
+    from align.drafters import load_pair
+    from align.loading import drafting_of
+    from align.families import traits
     from align.lossless import chi_square_p
     from align.prompts import encode_prompt
     from align.speculative import SpeculativeDecoder
@@ -42,7 +44,7 @@ def main() -> None:
     args = p.parse_args()
     meta = json.loads((Path(args.ckpt) / "meta.json").read_text())
     drafter, verifier, tokenizer = load_pair(args.ckpt, meta["verifier"], meta["family"], device="cpu",
-                                             trust_remote_code=meta["family"] == "dream")
+                                             trust_remote_code=traits(meta["family"]).remote_code)
     prompt = encode_prompt(tokenizer, args.prompt)
     with torch.no_grad():
         first = (verifier.model(input_ids=torch.tensor([prompt])).logits[0, -1].float() / args.temperature).softmax(-1)

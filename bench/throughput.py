@@ -5,8 +5,9 @@
     python bench/throughput.py --decode --prompts 16 --gammas 8,16,32 --repeats 5 --json out.json
     python bench/throughput.py --train [--replica]                         # packed vs per-window training
 
-Training (``--train``, :func:`train_section`): forward + backward (cross-entropy) of micro-batches of windows taken
-in the trainer's order, per window and packed, after one untimed micro-batch: windows/s, and the share of the
+Training (``--train``, :func:`train_section`): the trainer's own step (``align.distill.strategy.train_step``:
+forward, the recipe's loss, backward and the optimizer step, through DeepSpeed) over global batches of windows
+taken in the trainer's order, per window and packed, after one untimed batch: windows/s, and the share of the
 positions the model ran (padding included) that carry a label; on ``recipes/tiny.yaml``'s rollouts with its drafter,
 and with ``--replica`` on zoo:replica-diffusiongemma (Gemma's structure, random weights) with random-token rollouts.
 Three paths: per window, packed in the recipe's groups (``data.group_size``), and packed in whole rollouts (each
@@ -120,10 +121,10 @@ def decode_section(args: argparse.Namespace) -> dict[str, Any]:
     """Speculative decoding's block, part by part, before and after, against the verifier alone."""
     import torch
 
-    from align.drafter import DiffusionGemmaPass, Drafter
-    from align.loading import (default_device, drafting_of, load_drafter_model, load_verifier_model,
-                               shared_vocab_size)
+    from align.drafters import load_drafter
+    from align.loading import default_device, load_verifier_model
     from align.metrics import now
+    from align.models.diffusiongemma_pass import DiffusionGemmaPass
     from align.prompts import encode_prompt
     from align.speculative import SpeculativeDecoder
     from align.verifier import Verifier, ar_generate, eos_ids, verifier_alone
@@ -136,17 +137,19 @@ def decode_section(args: argparse.Namespace) -> dict[str, Any]:
     verifier_path = _built(verifier_path)
     device = args.device or default_device()
     verifier_model, tokenizer = load_verifier_model(verifier_path, args.dtype, device)
-    drafter_model, drafter_tokenizer = load_drafter_model(drafter_path, "diffusiongemma", args.dtype, False, device)
-    vocab = shared_vocab_size(drafter_tokenizer, tokenizer, drafter_path, verifier_path)
     eos = eos_ids(verifier_model, tokenizer)
     prompts = load_suite(args.suite)[:args.prompts]
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
     n_new = args.max_new_tokens
 
     verifiers = {label: Verifier(verifier_model, lean=lean) for label, lean in PATHS.items()}
-    drafting = drafting_of(drafter_path)  # an export drafts as it was trained: its fixed canvas, its first token
-    drafters = {label: Drafter(drafter_model, "diffusiongemma", vocab, lean=lean, **drafting)
-                for label, lean in PATHS.items()}
+    drafters = {}  # an export drafts as it was trained (its fixed canvas, its first token): the one loader reads it
+    for label, lean in PATHS.items():
+        drafters[label] = load_drafter(drafter_path, verifier_path, verifier_model, family="diffusiongemma",
+                                       dtype=args.dtype, device=device, verifier_tokenizer=tokenizer)
+        drafters[label].lean = lean
+        drafters[label].reset()  # lean takes effect here
+    drafter_model = drafters["after"].model
     decoders = {label: SpeculativeDecoder(drafters[label], verifiers[label], eos) for label in PATHS}
     reason = DiffusionGemmaPass.supported(drafter_model)
     lean_pass = drafters["after"].lean_pass
@@ -268,53 +271,53 @@ def synthetic_rollouts(count: int, prompt_len: int, response_len: int, vocab: in
             for _ in range(count)]
 
 
-def training_cost(model, rows: list[dict], gamma: int, micro: int, steps: int, packed: bool, vocab: int,
-                  max_prefix_len: int, group: int | None = None, global_batch: int | None = None,
-                  by_length: bool = False) -> dict:
-    """Windows/s of forward + backward (cross-entropy) over ``steps`` global batches of ``global_batch`` windows
-    (default ``micro``) in micro-batches of ``micro``, taken in the trainer's order (random windows per window,
-    ``by_length``: each global batch ordered by prefix length as the trainer does; groups of ``group`` windows of a
-    rollout when packed, default one decoder call's offsets), after one untimed global batch;
-    and the supervised share of the positions the model ran (padding included)."""
+def training_cost(recipe, model, rows: list[dict], strategy_cls, micro: int, steps: int,
+                  global_batch: int | None = None) -> dict:
+    """Windows/s of the trainer's own step (``align.distill.strategy.train_step``: forward, loss, backward and the
+    optimizer step, through DeepSpeed) over ``steps`` global batches of ``global_batch`` windows (default
+    ``micro``) in micro-batches of ``micro``, taken in the trainer's order with ``strategy_cls``'s layout, after
+    one untimed global batch; and the supervised share of the positions the model ran (padding included)."""
+    import dataclasses
+
     import torch
 
-    from align.distill.losses import ce_loss
-    from align.distill.packing import make_packed, offsets_per_call, packed_logits
-    from align.distill.windows import by_prefix_length, make_windows, window_index
-    from align.drafter import FAMILIES
+    from align.distill.backend import Engine
+    from align.distill.data import WindowOrder, rollout_spans
+    from align.distill.packing import offsets_per_call
+    from align.distill.strategy import train_step
+    from align.distill.windows import window_index
     from align.metrics import now
-    from align.train import WindowOrder, rollout_spans
 
-    pairs = window_index([len(r["response_ids"]) for r in rows], list(range(len(rows))))
-    order = WindowOrder(len(pairs), 0, rollout_spans(pairs) if packed else None, group or offsets_per_call(gamma))
     size = global_batch or micro
-    model.train()
+    recipe = dataclasses.replace(recipe, train=dataclasses.replace(
+        recipe.train, micro_batch_size=micro, global_batch_size=size, max_steps=steps + 1, warmup_steps=0))
+    vocab = model.config.text_config.vocab_size
+    engine = Engine(model, recipe, 1)
+    strategy = strategy_cls(recipe, engine.engine, rows, vocab, None, device=engine.device)
+    pairs = window_index([len(r["response_ids"]) for r in rows], list(range(len(rows))))
+    order = WindowOrder(len(pairs), 0, rollout_spans(pairs) if strategy.packs else None,
+                        recipe.data.group_size or offsets_per_call(recipe.distill.gamma))
+    engine.train(True)
     timed = supervised = processed = 0.0
     for i in range(steps + 1):
         windows = pairs[order.take(i * size, size)]
-        if by_length:
-            windows = by_prefix_length(rows, windows, max_prefix_len)
-        start = now(model.device)
-        for lo in range(0, size, micro):
-            args = (rows, windows[lo:lo + micro], gamma, max_prefix_len, "diffusiongemma", None, vocab, 0)
-            if packed:
-                batch = make_packed(*args)
-                logits = packed_logits(model, batch)
-                run_slots = int((batch.offsets[:, :, 0] >= 0).sum()) * batch.offsets.shape[2]  # calls that run
-                ran = batch.seq.numel() + run_slots * gamma
+        arranged, _ = strategy.arrange(windows, i)
+        for lo in range(0, size, micro):  # what the step's micro-batches run (counted outside the timing)
+            batch = strategy.batch(arranged[lo:lo + micro], train=True)
+            if hasattr(batch, "slots"):  # packed: the rollouts once, then the decoder calls that run
+                run_slots = int((batch.offsets[:, :, 0] >= 0).sum()) * batch.offsets.shape[2]
+                ran = batch.seq.numel() + run_slots * recipe.distill.gamma
             else:
-                batch = make_windows(*args)
-                logits = FAMILIES["diffusiongemma"].canvas_logits(model, batch.prefix, batch.prefix_mask,
-                                                                  batch.canvas)
                 ran = batch.prefix.numel() + batch.canvas.numel()
-            term = ce_loss(logits[..., :vocab], batch.labels, 1.0)
-            (term.num / term.den).backward()
-            if i:  # the first global batch warms up
+            if i:
                 supervised += float((batch.labels >= 0).sum())
                 processed += ran
-        model.zero_grad(set_to_none=True)
-        if i:
-            timed += now(model.device) - start
+        start = now(engine.device)
+        train_step(strategy, engine, windows, i, micro)
+        if i:  # the first global batch warms up
+            timed += now(engine.device) - start
+    del engine
+    torch.set_grad_enabled(True)
     return {"windows_per_s": steps * size / timed, "supervised_share": supervised / processed,
             "positions_per_window": processed / (steps * size)}
 
@@ -333,55 +336,76 @@ def packing_ceiling(rows: list[dict], gamma: int, max_prefix_len: int) -> float:
 
 
 def train_section(args: argparse.Namespace) -> dict[str, Any]:
+    import dataclasses
+
     from align.config import load_recipe
+    from align.distill.data import within_vocab
     from align.distill.packing import offsets_per_call
+    from align.distill.strategy import PackedStrategy, WindowStrategy
     from align.loading import load_drafter_model
     from align.rollouts import load_rollouts
-    from align.train import within_vocab
 
-    print("\n## Training: windows/s of forward + backward, per window vs packed\n")
+    class RandomOrder(WindowStrategy):
+        """The per-window step with each global batch's micro-batches cut in random order (not by prefix length)."""
+
+        def arrange(self, windows, step):
+            return windows, None
+
+    print("\n## Training: windows/s of the trainer's step, per window vs packed\n")
     print("| model | rollouts | γ | micro-batch | path | windows/s | positions run per window | supervised ÷ processed "
           "positions | ÷ per window | ceiling (positions) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    recipe = load_recipe("recipes/tiny.yaml", [])
-    model, tokenizer = load_drafter_model(recipe.drafter.path, "diffusiongemma")
-    vocab = len(tokenizer)
-    rows, _ = within_vocab(load_rollouts(recipe).select_columns(["prompt_ids", "response_ids"]).to_list(), vocab)
-    cases = [("zoo:tiny-diffusiongemma", model, rows, "tiny recipe's", recipe.distill.gamma, recipe.data.max_prefix_len,
-              recipe.data.group_size)]
+    from align.distill.distributed import init_distributed
+
+    init_distributed()
+    recipe = load_recipe("recipes/tiny.yaml", ["distill.objective=ce", "distill.next_token_weight=0",
+                                               "distill.first_token=canvas", "distill.denoise_steps=1"])
+    _, tokenizer = load_drafter_model(recipe.drafter.path, "diffusiongemma")
+    rows, _ = within_vocab(load_rollouts(recipe).select_columns(["prompt_ids", "response_ids"]).to_list(),
+                           len(tokenizer))
+    cases = [("zoo:tiny-diffusiongemma", recipe, rows, "tiny recipe's")]
     if args.replica:
-        replica, _ = load_drafter_model("zoo:replica-diffusiongemma", "diffusiongemma")
-        vocab_r = replica.config.text_config.vocab_size
+        replica = dataclasses.replace(recipe, drafter=dataclasses.replace(recipe.drafter,
+                                                                          path="zoo:replica-diffusiongemma"),
+                                      distill=dataclasses.replace(recipe.distill, gamma=16),
+                                      data=dataclasses.replace(recipe.data, max_prefix_len=2048, group_size=None))
+        vocab_r = load_drafter_model(replica.drafter.path, "diffusiongemma")[0].config.text_config.vocab_size
         cases.append(("zoo:replica-diffusiongemma", replica,
                       synthetic_rollouts(16, args.replica_prompt, args.replica_response, vocab_r, 0),
-                      f"random, prompt {args.replica_prompt} + response {args.replica_response}", 16, 2048, None))
+                      f"random, prompt {args.replica_prompt} + response {args.replica_response}"))
+
+    def fresh(case_recipe):  # each path trains its own copy (the step changes the weights)
+        return load_drafter_model(case_recipe.drafter.path, "diffusiongemma")[0]
+
     out = {}
-    for name, m, data, what, gamma, max_prefix_len, group in cases:
-        v = m.config.text_config.vocab_size
+    for name, case, data, what in cases:
+        gamma, group = case.distill.gamma, case.data.group_size
         micro = args.micro if name.endswith("tiny-diffusiongemma") else args.replica_micro
         whole = max(len(r["response_ids"]) for r in data)  # a group as long as any rollout: each rollout read once
-        paths = {"per window": (False, None), f"packed, groups of {group or offsets_per_call(gamma)}": (True, group),
-                 "packed, whole rollouts": (True, whole)}
-        ceiling = packing_ceiling(data, gamma, max_prefix_len)
+        paths = {"per window": (WindowStrategy, None),
+                 f"packed, groups of {group or offsets_per_call(gamma)}": (PackedStrategy, group),
+                 "packed, whole rollouts": (PackedStrategy, whole)}
+        ceiling = packing_ceiling(data, gamma, case.data.max_prefix_len)
         results = {}
-        for label, (packed, size) in paths.items():
-            results[label] = r = training_cost(m, data, gamma, micro, args.train_steps, packed, v, max_prefix_len,
-                                               size)
+        for label, (strategy, size) in paths.items():
+            grouped = dataclasses.replace(case, data=dataclasses.replace(case.data, group_size=size))
+            results[label] = r = training_cost(grouped, fresh(case), data, strategy, micro, args.train_steps)
+            packed = strategy.packs
             ratio = f"{r['windows_per_s'] / results['per window']['windows_per_s']:.1f}×" if packed else ""
             rate = f"{r['windows_per_s']:.{0 if r['windows_per_s'] >= 100 else 1}f}"
             print(f"| {name} | {what} | {gamma} | {micro} | {label} | {rate} | "
                   f"{r['positions_per_window']:.1f} | {r['supervised_share']:.3f} | {ratio} | "
                   f"{'' if packed else f'{ceiling:.2f}×'} |", flush=True)
         out[name] = {"paths": results, "ceiling": ceiling}
-    print("\nceiling: positions per window on the per-window path ÷ with every rollout read once and γ canvas positions "
-          "per window (padding left out): the most packing gains where a position costs the same on both paths.")
+    print("\nceiling: positions per window on the per-window path ÷ with every rollout read once and γ canvas "
+          "positions per window (padding left out): the most packing gains where a position costs the same on both "
+          "paths.")
     print("\n## Per-window training: micro-batches cut from a global batch in random order vs by prefix length\n")
     print("| model | micro-batch | global batch | order | windows/s | positions run per window | ÷ random |")
     print("|---|---|---|---|---|---|---|")
     for micro, size in ((32, 64), (8, 128)):  # recipes/tiny-mdlm.yaml's, the GPU recipes'
-        results = {by_length: training_cost(model, rows, recipe.distill.gamma, micro, args.train_steps, False,
-                                            model.config.text_config.vocab_size, recipe.data.max_prefix_len, None,
-                                            size, by_length)
+        results = {by_length: training_cost(recipe, fresh(recipe), rows, WindowStrategy if by_length else RandomOrder,
+                                            micro, args.train_steps, size)
                    for by_length in (False, True)}
         for by_length, r in results.items():
             ratio = f"{r['windows_per_s'] / results[False]['windows_per_s']:.2f}×" if by_length else ""

@@ -3,9 +3,11 @@
     python -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld
     python -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld-probe --gamma 8,16,32 --k 1,4,8
     python -m eval.acceptance --ckpt DIR --verifier PATH --prompts my_prompts.jsonl --temperature 0,1 --seed 0,1,2
+    python -m eval.acceptance --ckpt runs/tiny/final --drafter ar=runs/tiny/ar --drafter dflash=runs/tiny-dflash/final
 
 ``--ckpt`` is an exported drafter (its meta.json names the verifier and the base drafter, the default baseline)
-or any drafter with ``--verifier``. Comma lists sweep. Writes acceptance.json, report.md and PNG plots into
+or any drafter with ``--verifier``; ``--drafter LABEL=PATH`` (repeatable) measures more drafters of any kind in the
+same loop (the kind is read from the folder: ``align.drafters.load_drafter``). Comma lists sweep. Writes acceptance.json, report.md and PNG plots into
 ``--out`` (default: ``<ckpt>/eval``), and with ``--save-outputs`` every output's token ids (outputs.jsonl).
 
 Speed: ``speedup`` (and ``ar_tokens_per_s``) is against the verifier alone in a minimal cached loop through the same
@@ -35,12 +37,10 @@ import align
 from align.config import SelectionConfig, build_recipe
 from align.errors import AlignError, run_cli
 from align.files import write_text
-from align.dflash import FAMILY as DFLASH
-from align.loading import (check_model_folder, default_device, drafting_of, infer_family, load_drafter_model,
-                           load_verifier_model, shared_vocab_size)
+from align.drafters import load_drafter
+from align.loading import check_model_folder, default_device, infer_family, load_verifier_model, trained_steps
 from align.lossless import lossless_counts
 from align.metrics import now
-from align.drafter import Drafter
 from align.prompts import encode_prompt, read_prompt_file
 from align.selection import make_selection
 from align.speculative import SpeculativeDecoder
@@ -65,18 +65,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--baseline", default=None, help="drafter to compare with (default: meta.json's base drafter; "
                    "'none' to skip)")
     p.add_argument("--verifier", default=None, help="verifier path (default: meta.json's verifier)")
-    p.add_argument("--dflash-drafter", default=None, help="also measure this feature-conditioned drafter (an export "
-                   "of a dflash recipe, trained against the same verifier) in the same loop")
-    p.add_argument("--dflash-steps", type=comma_list(int), default=None,
-                   help="drafter passes per block (T) of the dflash drafter (comma list; default: the T it was "
-                        "trained for, its meta.json's denoise_steps); --steps sets the other drafters'")
-    p.add_argument("--ar-drafter", default=None, help="also measure this autoregressive drafter (python -m "
-                   "align.baseline train): standard speculative decoding, label 'ar'")
-    p.add_argument("--family", default=None, help="drafter family (default: meta.json's, or detected)")
+    p.add_argument("--drafter", action="append", default=[], metavar="LABEL=PATH", type=labelled,
+                   help="also measure this drafter, of any kind (its meta.json names its family, or it is detected), "
+                        "in the same loop, under LABEL (repeatable)")
+    p.add_argument("--ar-drafter", default=None, help="the same as --drafter ar=PATH (an autoregressive drafter from "
+                   "python -m align.baseline train: standard speculative decoding)")
+    p.add_argument("--dflash-drafter", default=None, help="the same as --drafter dflash=PATH (a feature-conditioned "
+                   "drafter trained against the same verifier)")
+    p.add_argument("--family", default=None, help="family of --ckpt and --baseline (default: meta.json's, or detected)")
     p.add_argument("--suite", default=None, help=f"prompt suite: {', '.join(SUITES)} (default tinyworld)")
     p.add_argument("--prompts", default=None, help='JSONL of {"id", "prompt", "category"?} instead of a suite')
     p.add_argument("--gamma", type=comma_list(int), default=[16], help="block lengths (comma list)")
-    p.add_argument("--steps", type=comma_list(int), default=[1], help="denoising steps per block (comma list)")
+    p.add_argument("--steps", type=comma_list(int), default=None,
+                   help="denoising steps (drafter passes) per block, T (comma list; default: each drafter's own, the T "
+                        "its meta.json says it was trained for, else 1)")
     p.add_argument("--temperature", type=comma_list(float), default=[0.0], help="0: greedy (comma list)")
     p.add_argument("--k", type=comma_list(int), default=None,
                    help="drafts per block, self-selection (comma list; default: the checkpoint recipe's selection.k, else 1)")
@@ -109,13 +111,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", type=comma_list(int), default=[1],
                    help="vllm engine: requests running at once (comma list)")
     args = p.parse_args(argv)
+    args.drafter += [("ar", args.ar_drafter)] * bool(args.ar_drafter) + \
+        [("dflash", args.dflash_drafter)] * bool(args.dflash_drafter)
     return args
+
+
+def labelled(text: str) -> tuple[str, str]:
+    """``LABEL=PATH`` as (label, path)."""
+    label, sep, path = text.partition("=")
+    if not sep or not label.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"expected LABEL=PATH (e.g. ar=runs/tiny/ar), got '{text}'")
+    return label.strip(), path.strip()
+
+
+RESERVED = ("aligned", "baseline", "generate", "alone")  # labels the evaluation gives its own jobs
 
 
 def check_args(args: argparse.Namespace) -> None:
     if args.per_category is not None and args.per_category < 1:
         raise AlignError(f"--per-category must be at least 1, got {args.per_category}")
-    for name in ("gamma", "steps", "k", "dflash_steps"):
+    for name in ("gamma", "steps", "k"):
         bad = [v for v in getattr(args, name) or [] if v < 1]
         if bad:
             raise AlignError(f"--{name.replace('_', '-')} values must be at least 1, got {bad[0]}")
@@ -123,15 +138,21 @@ def check_args(args: argparse.Namespace) -> None:
         raise AlignError("--temperature values must be >= 0")
     if args.suite and args.prompts:
         raise AlignError("give either --suite or --prompts, not both")
+    labels = [label for label, _ in args.drafter]
+    for label in labels:
+        if label in RESERVED or labels.count(label) > 1:
+            raise AlignError(f"--drafter label '{label}' is {'taken' if label in RESERVED else 'given twice'}: each "
+                             f"drafter needs a label of its own, none of {', '.join(RESERVED)}")
 
 
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]:
-    """(aligned drafter, baseline drafter or None, verifier, family) from the flags and the checkpoint's meta.json."""
-    ckpt = resolve(args.ckpt)
-    check_model_folder(args.ckpt, "drafter")
-    meta_file = Path(ckpt) / "meta.json"
+    """(aligned drafter, baseline drafter or None, verifier, family) from the flags and the checkpoint's meta.json.
+    Every model path is checked (``check_model_folder``) before any is built or loaded."""
+    check_args(args)
+    found = check_model_folder(args.ckpt, "drafter", args.family)
+    meta_file = Path(found) / "meta.json" if found else None
     try:
-        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+        meta = json.loads(meta_file.read_text()) if meta_file is not None and meta_file.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise AlignError(f"{meta_file} is not valid JSON ({error}); export the drafter again, or pass --verifier "
                          "and --family and move the file away") from None
@@ -142,23 +163,24 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]
     baseline = args.baseline if args.baseline is not None else meta.get("base_drafter")
     if baseline is not None and baseline.lower() == "none":
         baseline = None
+    family = args.family or meta.get("family")
+    for path, role, kind in ((verifier, "verifier", None), (baseline, "baseline drafter", family),
+                             *((path, f"drafter '{label}'", None) for label, path in args.drafter)):
+        if path is not None:
+            check_model_folder(path, role, kind)
+    ckpt = resolve(args.ckpt)  # every input checked: a zoo drafter is built now, if it has to be
     selection = SelectionConfig()
     dtype = "float32"
     if (Path(ckpt) / "recipe.yaml").is_file():  # an exported drafter: its recipe's self-selection defaults, and
         recipe = build_recipe(yaml.safe_load((Path(ckpt) / "recipe.yaml").read_text()))
         selection, dtype = recipe.selection, recipe.verifier.dtype
         args.trust_remote_code = args.trust_remote_code or recipe.drafter.trust_remote_code  # its own modelling code
-    family = args.family or meta.get("family") or infer_family(ckpt, args.trust_remote_code)
+    family = family or infer_family(ckpt, args.trust_remote_code)
     args.dtype = args.dtype or dtype
     args.k = args.k or [selection.k]
     args.drafter_temperature = args.drafter_temperature or [selection.drafter_temperature]
     args.scorer = args.scorer or [selection.scorer]
     args.candidates = args.candidates or [selection.candidates]
-    check_args(args)
-    for path, role in ((verifier, "verifier"), (baseline, "baseline drafter"), (args.ar_drafter, "AR drafter"),
-                       (args.dflash_drafter, "dflash drafter")):
-        if path is not None:
-            check_model_folder(path, role)
     return ckpt, baseline, verifier, family
 
 
@@ -198,8 +220,7 @@ def main(argv: list[str]) -> int:
             verifier_alone, verifier, max_new_tokens=args.max_new_tokens, eos_token_ids=eos, temperature=temperature,
             seed=seed)))
     drafters = [("aligned", ckpt, family)] + ([("baseline", baseline, family)] if baseline else []) + \
-        ([("ar", args.ar_drafter, "ar")] if args.ar_drafter else []) + \
-        ([("dflash", args.dflash_drafter, DFLASH)] if args.dflash_drafter else [])
+        [(label, path, None) for label, path in args.drafter]  # None: the folder says its family
     reference: dict[tuple[float, int], tuple[list[list[int]], float]] = {}  # generate's outputs and seconds
     alone: dict[tuple[float, int], tuple[int, float]] = {}  # the cached loop's tokens and seconds
 
@@ -209,8 +230,8 @@ def main(argv: list[str]) -> int:
         return). Returns the results and, with --save-outputs, the outputs."""
         jobs = list(phase_references)
         for label, path, kind in phase_drafters:
-            decoder, swept = load_decoder(args, path, kind, family, verifier_model, verifier, tokenizer,
-                                          verifier_path, eos, device)
+            decoder, swept = load_decoder(args, path, kind, verifier_model, verifier, tokenizer, verifier_path, eos,
+                                          device)
             decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], swept[0]["steps"])  # warm-up, untimed
             jobs += drafter_jobs(args, label, path, decoder, swept)
         run_jobs(jobs, encoded, device)
@@ -274,6 +295,7 @@ class Job:
     run: Callable[[list[int]], Any]
     index: int = 0  # the setting's place in the drafter's sweep
     drafter: str = ""  # the drafter's path
+    family: str = ""  # the drafter's family
     outputs: list = field(default_factory=list)
     seconds: float = 0.0
 
@@ -288,26 +310,12 @@ def run_jobs(jobs: list[Job], encoded: list[list[int]], device: str) -> None:
             job.seconds += now(device) - start
 
 
-def load_decoder(args, path, kind, family, verifier_model, verifier, tokenizer, verifier_path, eos, device):
-    """The speculative decoder of one drafter and the settings it is swept over."""
-    swept = settings(args)
-    if kind == DFLASH:  # it reads the verifier's features: refused unless it was trained on this verifier
-        from align.loading import load_dflash_drafter, load_tokenizer, trained_steps
-
-        vocab = shared_vocab_size(load_tokenizer(resolve(path), "dflash drafter"), tokenizer, path, verifier_path)
-        drafter = load_dflash_drafter(resolve(path), verifier_model, vocab, args.dtype, device, verifier_path)
-        swept = settings(args, args.dflash_steps or [trained_steps(path)])
-    elif kind == "ar":
-        from align.baseline import load_ar_drafter
-        from align.loading import load_tokenizer
-
-        vocab = shared_vocab_size(load_tokenizer(resolve(path), "AR drafter"), tokenizer, path, verifier_path)
-        drafter = load_ar_drafter(path, device, vocab, args.dtype)
-    else:
-        model, drafter_tokenizer = load_drafter_model(path, family, args.dtype, args.trust_remote_code, device)
-        vocab = shared_vocab_size(drafter_tokenizer, tokenizer, path, verifier_path)
-        drafter = Drafter(model, family, vocab, drafter_tokenizer.mask_token_id, **drafting_of(path))
-    return SpeculativeDecoder(drafter, verifier, eos), swept
+def load_decoder(args, path, family, verifier_model, verifier, tokenizer, verifier_path, eos, device):
+    """The speculative decoder of one drafter (any kind, through the one loader) and the settings it is swept over:
+    ``--steps``, else the T the drafter was trained for."""
+    drafter = load_drafter(path, verifier_path, verifier_model, family=family, dtype=args.dtype, device=device,
+                           trust_remote_code=args.trust_remote_code, verifier_tokenizer=tokenizer)
+    return SpeculativeDecoder(drafter, verifier, eos), settings(args, args.steps or [trained_steps(path)])
 
 
 def drafter_jobs(args, label: str, path: str, decoder: SpeculativeDecoder, swept: list[dict]) -> list[Job]:
@@ -325,7 +333,8 @@ def drafter_jobs(args, label: str, path: str, decoder: SpeculativeDecoder, swept
                 break
             jobs.append(Job(label, setting, seed, partial(
                 decoder.generate, max_new_tokens=args.max_new_tokens, gamma=setting["gamma"], steps=setting["steps"],
-                temperature=setting["temperature"], seed=seed, selection=selection), index, path))
+                temperature=setting["temperature"], seed=seed, selection=selection), index, path,
+                decoder.drafter.family))
     return jobs
 
 
@@ -336,7 +345,7 @@ def summarize_job(job: Job, records: list[PromptRecord], reference: dict, alone:
     ar_outputs, ar_seconds = reference[(setting["temperature"], job.seed)]
     alone_tokens, alone_seconds = alone[(setting["temperature"], job.seed)]
     summary = summarize(records, setting["gamma"])
-    summary.update(label=job.label, drafter=job.drafter, verifier=verifier_path, suite=suite,
+    summary.update(label=job.label, drafter=job.drafter, family=job.family, verifier=verifier_path, suite=suite,
                    seed=job.seed, **setting)
     summary["ar_tokens_per_s"] = alone_tokens / alone_seconds  # the minimal cached loop
     summary["speedup"] = summary["tokens_per_s"] / summary["ar_tokens_per_s"]
@@ -357,12 +366,13 @@ def through_vllm(args: argparse.Namespace, ckpt: str, baseline: str | None, veri
     from eval.report import engine_table, write_report
     from eval.vllm_engine import engine_name, measure
 
-    if len(args.gamma) > 1 or len(args.steps) > 1 or len(args.temperature) > 1 or len(args.seed) > 1:
+    steps = args.steps or [trained_steps(ckpt)]
+    if len(args.gamma) > 1 or len(steps) > 1 or len(args.temperature) > 1 or len(args.seed) > 1:
         raise AlignError("--engine vllm measures one --gamma, --steps, --temperature and --seed at a time")
     tokenizer = load_tokenizer(resolve(verifier_path), "verifier")
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
     drafters = [("aligned", ckpt)] + ([("baseline", baseline)] if baseline else [])
-    results = measure(resolve(verifier_path), drafters, encoded, args.gamma[0], args.steps[0], args.temperature[0],
+    results = measure(resolve(verifier_path), drafters, encoded, args.gamma[0], steps[0], args.temperature[0],
                       args.max_new_tokens, args.concurrency, args.seed[0], args.dtype, family)
     document = {"suite": suite, "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "results": []}
     if (out / "acceptance.json").is_file():
@@ -397,11 +407,10 @@ def first_per_category(prompts: list[dict], n: int | None) -> list[dict]:
     return out
 
 
-def settings(args: argparse.Namespace, steps: list[int] | None = None) -> list[dict[str, Any]]:
-    """Every combination of the swept flags (``steps`` instead of ``--steps``); selection flags only vary where
-    K > 1."""
+def settings(args: argparse.Namespace, steps: list[int]) -> list[dict[str, Any]]:
+    """Every combination of the swept flags at these ``steps`` (T); selection flags only vary where K > 1."""
     out = []
-    for gamma, steps, temperature, k in itertools.product(args.gamma, steps or args.steps, args.temperature, args.k):
+    for gamma, steps, temperature, k in itertools.product(args.gamma, steps, args.temperature, args.k):
         combos = [(None, None, None)]
         if k > 1:  # the swap generator does not sample: the drafter temperature does not apply to it
             combos = [(s, c, t) for s in args.scorer for c in args.candidates

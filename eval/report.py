@@ -18,7 +18,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 from align.files import atomic_path, write_text  # noqa: E402
 
 COLORS = {"baseline": "#9a9a9a", "aligned": "#1f6fb4", "ar": "#d62728", "dflash": "#2ca02c"}
-LABELS = tuple(COLORS)  # the drafters a report can hold, in the order tables and plots show them
+PALETTE = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")  # for labels of other drafters
+#: what a drafter of each family is, in the report's first paragraph
+KINDS = {"ar": "autoregressive: standard speculative decoding", "dflash": "reads the verifier's hidden states"}
+
+
+def labels_of(results: list[dict[str, Any]]) -> list[str]:
+    """The drafters' labels in the order tables and plots show them: baseline, aligned, then the others as given."""
+    seen = list(dict.fromkeys(r["label"] for r in results))
+    return [x for x in ("baseline", "aligned") if x in seen] + [x for x in seen if x not in ("baseline", "aligned")]
+
+
+def color(label: str, results: list[dict[str, Any]]) -> str:
+    if label in COLORS:
+        return COLORS[label]
+    others = [x for x in labels_of(results) if x not in COLORS]
+    return PALETTE[others.index(label) % len(PALETTE)] if label in others else "#333333"
 
 
 def setting_name(r: dict[str, Any]) -> str:
@@ -75,14 +90,18 @@ def cost_table(results: list[dict[str, Any]]) -> str:
 
 
 def _main(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The main setting's result for each label."""
+    """The main setting's result for each label (each drafter at its first T: drafters may draft in different T)."""
     first = results[0]
-    keys = ("gamma", "steps", "temperature", "k", "scorer", "candidates", "drafter_temperature")
-    return {r["label"]: r for r in results if all(r[k] == first[k] for k in keys)}
+    keys = ("gamma", "temperature", "k", "scorer", "candidates", "drafter_temperature")
+    main: dict[str, dict[str, Any]] = {}
+    for r in results:
+        if all(r[k] == first[k] for k in keys):
+            main.setdefault(r["label"], r)
+    return main
 
 
 def category_table(main: dict[str, dict[str, Any]]) -> str:
-    labels = [l for l in LABELS if l in main]
+    labels = labels_of(list(main.values()))
     any_result = next(iter(main.values()))
     head = "| category | verifier entropy (nats) | " + " | ".join(f"accepted ({l})" for l in labels) + " | " + \
         " | ".join(f"rejected in verifier top-5 ({l})" for l in labels) + " |"
@@ -123,12 +142,12 @@ def plot_per_position(main: dict[str, dict[str, Any]], path: Path) -> None:
     for label, r in sorted(main.items()):
         alphas = r["per_position"]
         xs = [j + 1 for j, a in enumerate(alphas) if a is not None]
-        ax.plot(xs, [a for a in alphas if a is not None], marker="o", color=COLORS.get(label), label=f"{label}: α_j")
+        ax.plot(xs, [a for a in alphas if a is not None], marker="o", color=color(label, list(main.values())), label=f"{label}: α_j")
         reach, share = [], 1.0
         for a in alphas:  # the share of blocks whose streak reaches position j: Π_{i<j} α_i
             reach.append(share)
             share *= a or 0.0
-        ax.plot(range(1, len(reach) + 1), reach, ls="--", color=COLORS.get(label), alpha=0.7,
+        ax.plot(range(1, len(reach) + 1), reach, ls="--", color=color(label, list(main.values())), alpha=0.7,
                 label=f"{label}: share of blocks reaching j")
     ax.set(xlabel="block position j", ylabel="rate", ylim=(0, 1.02),
            title="Acceptance by block position (α_j: accepted at j given all before were)")
@@ -140,14 +159,14 @@ def plot_per_position(main: dict[str, dict[str, Any]], path: Path) -> None:
 
 
 def plot_per_category(main: dict[str, dict[str, Any]], path: Path) -> None:
-    labels = [l for l in LABELS if l in main]
+    labels = labels_of(list(main.values()))
     any_result = main[labels[0]]
     cats = sorted(any_result["per_category"], key=lambda c: any_result["verifier_entropy"].get(c) or 0)
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(labels)
     for i, label in enumerate(labels):
         values = [main[label]["per_category"].get(c) or 0 for c in cats]
-        ax.bar([x + i * width for x in range(len(cats))], values, width, label=label, color=COLORS.get(label))
+        ax.bar([x + i * width for x in range(len(cats))], values, width, label=label, color=color(label, list(main.values())))
     ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(cats))])
     ax.set_xticklabels([f"{c}\nH={any_result['verifier_entropy'].get(c) or 0:.2f}" for c in cats])
     ax.set(ylabel="accepted draft tokens per block", xlabel="category (H: verifier entropy, nats; low to high)",
@@ -162,15 +181,15 @@ def plot_per_category(main: dict[str, dict[str, Any]], path: Path) -> None:
 def plot_gamma(results: list[dict[str, Any]], path: Path) -> None:
     first = results[0]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for label in LABELS:
+    for label in labels_of(results):
         rows = sorted((r for r in results if r["label"] == label and r["k"] == first["k"]
                        and r["temperature"] == first["temperature"] and r["steps"] == first["steps"]),
                       key=lambda r: r["gamma"])
         if rows:
             axes[0].plot([r["gamma"] for r in rows], [r["accepted_mean"] for r in rows], marker="o", label=label,
-                         color=COLORS[label])
+                         color=color(label, results))
             axes[1].plot([r["gamma"] for r in rows], [r["speedup"] for r in rows], marker="o", label=label,
-                         color=COLORS[label])
+                         color=color(label, results))
     axes[0].set(xlabel="block length γ", ylabel="accepted per block", title="Accepted draft tokens per block")
     axes[1].set(xlabel="block length γ", ylabel="tokens/s ÷ verifier alone (cached loop)", title="Wall-clock speedup")
     axes[1].axhline(1.0, color="black", lw=0.8, ls="--")
@@ -225,10 +244,10 @@ def write_report(document: dict[str, Any], out: Path) -> list[Path]:
                 f"Suite **{document['suite']}** ({document['n_prompts']} prompts, at most "
                 f"{document['max_new_tokens']} new tokens each). Verifier `{results[0]['verifier']}`; aligned drafter "
                 f"`{main['aligned']['drafter']}`" + (f"; baseline `{main['baseline']['drafter']}`" if "baseline" in main
-                                                   else "") + (f"; AR drafter `{main['ar']['drafter']}` (standard "
-                                                               "speculative decoding)" if "ar" in main else "") +
-                (f"; feature-conditioned drafter `{main['dflash']['drafter']}` (reads the verifier's hidden states)"
-                 if "dflash" in main else "") + ".",
+                                                   else "") +
+                "".join(f"; {label}: `{r['drafter']}` ({r.get('family') or '?'}"
+                        + (f", {KINDS[r.get('family')]}" if r.get("family") in KINDS else "") + ")"
+                        for label, r in main.items() if label not in ("aligned", "baseline")) + ".",
                 "", "Environment: " + ", ".join(f"{k} {v}" for k, v in document["environment"].items()), "",
                 "`accepted_mean`: draft tokens the verifier kept per block (0..γ), pooled over the blocks that "
                 "drafted. `τ`: tokens per verifier call, pooled over every call (a block that an accepted EOS ends "

@@ -21,6 +21,14 @@ VOCAB = 64
 EOS, MASK = 1, 3
 
 
+def train_main(argv: list[str]) -> int:
+    """``align/train.py``'s main, run in this process from the script's file: the entry script is no module anything
+    imports (tests/test_structure.py)."""
+    import runpy
+
+    return runpy.run_path(str(ROOT / "align" / "train.py"), run_name="align_train_script")["main"](argv)
+
+
 def tiny_verifier(seed: int = 0, vocab: int = VOCAB, dtype=torch.float64):
     from align.zoo.models import verifier_model
 

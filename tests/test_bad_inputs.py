@@ -21,7 +21,7 @@ from test_train import overrides
 
 def _main(command: str):
     if command == "train":
-        from align.train import main
+        from conftest import train_main as main
     elif command == "rollouts":
         from align.rollouts import main
     elif command == "eval":

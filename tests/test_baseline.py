@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections import Counter
 
@@ -11,8 +10,8 @@ import pytest
 import torch
 
 from conftest import VOCAB, tiny_verifier
-from align.baseline import (ARDrafter, ar_model, diffusion_train_seconds, llama_parameters, load_ar_drafter, main,
-                            matched_intermediate, own_draft)
+from align.baseline import ar_model, diffusion_train_seconds, llama_parameters, main, matched_intermediate
+from align.drafters.ar import ARDrafter
 from align.errors import run_cli
 from align.speculative import SpeculativeDecoder
 from align.verifier import Verifier, ar_generate
@@ -117,10 +116,9 @@ V, PROMPT, N_TOKENS = 6, [4, 5, 2], 3
 
 
 def test_sampling_with_its_own_draft_is_lossless_and_accepts_more():
-    """With the loop verifying the draft the AR drafter drew (``own_draft``, the proposed speculative.py change),
-    sampled output follows the verifier's distribution (exact enumeration, chi-square), and a drafter equal to the
-    verifier has every token accepted; redrawing from the rows (``expose_draft=False``, what the unchanged loop
-    does) is lossless too, but accepts less."""
+    """With the loop verifying the draft the AR drafter drew, sampled output follows the verifier's distribution
+    (exact enumeration, chi-square), and a drafter equal to the verifier has every token accepted; redrawing from the
+    rows (``expose_draft=False``) is lossless too, but accepts less."""
     from stubs import StubCausalLM
     from test_sampling import chi_square_p
 
@@ -130,7 +128,6 @@ def test_sampling_with_its_own_draft_is_lossless_and_accepts_more():
     for resample in (False, True):
         drafter = ARDrafter(StubCausalLM(V, seed=4, sharpness=1.0), V, expose_draft=not resample)
         decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
-        own_draft(decoder)
         counts = Counter(tuple(decoder.generate(PROMPT, N_TOKENS, gamma=2, temperature=0.8, seed=s).tokens)
                          for s in range(n))
         tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in probs.items())
@@ -139,7 +136,6 @@ def test_sampling_with_its_own_draft_is_lossless_and_accepts_more():
     for resample in (False, True):
         drafter = ARDrafter(StubCausalLM(V, seed=3), V, expose_draft=not resample)  # the verifier's own table
         decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
-        own_draft(decoder)
         blocks = [b for s in range(40) for b in decoder.generate(PROMPT, 9, gamma=4, temperature=1.0, seed=s).stats.blocks
                   if b.gamma]
         accepted[resample] = sum(b.accepted for b in blocks) / sum(b.gamma for b in blocks)
@@ -176,7 +172,8 @@ def tiny_run(tmp_path_factory, model_dirs, world_prompts):
 
 def test_cli_trains_saves_and_loads(tiny_run, tmp_path):
     from align.rollouts import load_rollouts
-    from align.train import heldout_rows
+    from align.distill.data import heldout_rows
+    from align.drafters import load_drafter
 
     run, recipe = tiny_run
     batch = recipe.train.global_batch_size
@@ -194,9 +191,10 @@ def test_cli_trains_saves_and_loads(tiny_run, tmp_path):
     assert meta["heldout_sequences"] == sum(held) > 0 and meta["train_sequences"] == len(rows) - sum(held)
     assert 0.7 < meta["parameters"] / meta["diffusion_drafter_parameters"] < 1.3
     assert {"ce", "accuracy", "greedy_streak"} <= set(meta["heldout"]["after"])
-    drafter = load_ar_drafter(out, "cpu", 64)
-    assert drafter.vocab_size == 64 and drafter.model.config.tie_word_embeddings
-    assert drafter.marginals(torch.tensor([[2, 7, 9]]), 4).shape == (1, 4, 64)
+    drafter = load_drafter(str(out), recipe.verifier.path, device="cpu")  # its meta.json: family ar
+    vocab = drafter.model.config.vocab_size  # the verifier's tokenizer's: the shared vocabulary
+    assert isinstance(drafter, ARDrafter) and drafter.vocab_size == vocab and drafter.model.config.tie_word_embeddings
+    assert drafter.marginals(torch.tensor([[2, 7, 9]]), 4).shape == (1, 4, vocab)
     # a second run replaces the first, atomically
     assert main(["train", "--run", str(run), "--out", str(out), "--steps", "1", "--batch-size", "4",
                  "--eval-every", "0"]) == 0
@@ -217,16 +215,6 @@ def test_bad_run_folder_is_one_error_line(tmp_path, capsys):
     assert not (tmp_path / "ar").exists()
 
 
-def _loop_verifies_own_draft() -> bool:
-    import inspect
-
-    from align import speculative
-
-    return 'getattr(self.drafter, "draft", None)' in inspect.getsource(speculative)
-
-
-@pytest.mark.skipif(not _loop_verifies_own_draft(), reason="speculative.py does not yet verify an AR drafter's own "
-                    "draft (the proposed change)")
 def test_the_loop_verifies_the_ar_drafters_own_draft():
     from stubs import StubCausalLM
 
@@ -237,18 +225,6 @@ def test_the_loop_verifies_the_ar_drafters_own_draft():
     assert sum(b.accepted for b in blocks) / sum(b.gamma for b in blocks) > 0.99
 
 
-def _eval_takes_ar_drafter() -> bool:
-    try:
-        from eval.acceptance import parse_args
-
-        parse_args(["--ckpt", "x", "--ar-drafter", "y"])
-        return True
-    except SystemExit:
-        return False
-
-
-@pytest.mark.skipif(not _eval_takes_ar_drafter(), reason="eval.acceptance has no --ar-drafter yet (the proposed "
-                    "change)")
 def test_eval_acceptance_measures_the_ar_drafter_beside_the_diffusion_drafter(model_dirs, world_prompts, tmp_path):
     from transformers import AutoTokenizer
 

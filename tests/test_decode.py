@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from align.errors import AlignError
-from align.loading import load_pair
+from align.drafters import load_pair
 from align.prompts import encode_prompt
 from align.speculative import SpeculativeDecoder
 from align.verifier import ar_generate

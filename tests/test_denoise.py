@@ -8,7 +8,7 @@ import torch
 from align.distill.denoise import advance, denoise_step
 from align.distill.packing import make_packed, packed_logits
 from align.distill.windows import make_windows, window_index
-from align.drafter import FAMILIES
+from align.drafters.diffusion import FAMILIES
 from test_packing import VOCAB, rollouts, sliding_drafter
 from test_train import overrides, run_main
 

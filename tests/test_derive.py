@@ -84,7 +84,7 @@ def test_dream_from_llama_keeps_the_first_layers():
 def encoder_logits(drafter, ids):
     from transformers import DynamicCache
 
-    from align.drafter import lm_logits
+    from align.models.diffusiongemma_pass import lm_logits
 
     hidden = drafter.model.encoder(input_ids=ids, cache=DynamicCache(config=drafter.config),
                                    position_ids=torch.arange(ids.shape[1])[None]).last_hidden_state
@@ -132,7 +132,7 @@ def test_stock_diffusiongemma_cannot_match_gemma3_so_the_value_path_is_needed():
 def test_diffusiongemma_from_gemma3_saves_loads_and_decodes_losslessly(tmp_path):
     """Through align's loader (which picks the value-path class from the config), the lean decoding pass (checked
     against the model's own forward on its first call) and speculative decoding against Gemma 3 itself."""
-    from align.drafter import Drafter
+    from align.drafters.diffusion import Drafter
     from align.loading import load_drafter_model
     from align.speculative import SpeculativeDecoder
     from align.verifier import Verifier, ar_generate

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from align.dflash import DFlashDrafter, check_verifier, verifier_fingerprint
+from align.drafters.dflash import DFlashDrafter, check_verifier, verifier_fingerprint
 from align.dflash.batch import (chunks, drafted_logits, drafter_logits, make_batch, training_given, uncommitted,
                                 verifier_pass)
 from align.errors import AlignError

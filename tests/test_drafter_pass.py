@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, DynamicCache
 
 from conftest import VOCAB, tiny_drafter, tiny_verifier
-from align.drafter import DiffusionGemmaPass, Drafter
+from align.drafters.diffusion import Drafter
+from align.models.diffusiongemma_pass import DiffusionGemmaPass
 from align.verifier import Verifier, ar_generate, verifier_alone
 
 V = 96
@@ -91,7 +92,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 def encoder_next(model, encoded) -> torch.Tensor:
     """What the encoder predicts after its last token: ``lm_head`` of its last hidden state, soft-capped."""
-    from align.drafter import lm_logits
+    from align.models.diffusiongemma_pass import lm_logits
 
     return lm_logits(model, encoded.last_hidden_state[:, -1])
 
@@ -196,7 +197,7 @@ def test_drafting_many_sequences_in_one_call_gives_each_its_own_logits(family, l
     """``Family.canvas_logits_many`` (what ``Drafter.marginals_many`` calls per denoising step) against each row
     alone: DiffusionGemma through the lean pass (each row's own cache) or row by row, bidirectional families as one
     left-padded batch. The rows' states follow their prefixes, a row that starts over too."""
-    from align.drafter import FAMILIES
+    from align.drafters.diffusion import FAMILIES
 
     drafter = Drafter(tiny_drafter(family, 3), family, VOCAB, mask_token_id=3, lean=lean)
     fam, g = FAMILIES[family], torch.Generator().manual_seed(2)

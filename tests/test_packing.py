@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
-from align.drafter import FAMILIES
+from align.drafters.diffusion import FAMILIES
 from align.distill.losses import LOSSES
 from align.distill.packing import make_packed, next_token_labels, packed_logits, packed_teacher_logits
 from align.distill.windows import make_windows, window_index
@@ -85,7 +85,7 @@ def test_packed_loss_and_gradient_equal_per_window(objective):
             logits = packed_logits(model, batch)
             target = packed_teacher_logits(teacher, batch, VOCAB)
         else:
-            from align.train import teacher_logits
+            from align.distill.windows import teacher_logits
 
             batch = make_windows(*args)
             logits = FAMILIES["diffusiongemma"].canvas_logits(model, batch.prefix, batch.prefix_mask, batch.canvas)
@@ -160,7 +160,7 @@ def test_next_token_logits_are_the_encoders_own_at_every_response_token():
 
 
 def test_a_canvas_seed_gives_every_window_the_same_canvas_packed_or_not():
-    from align.drafter import fixed_canvas
+    from align.drafters.diffusion import fixed_canvas
 
     model = sliding_drafter().eval()
     rows, gamma = rollouts(seed=4), 5
@@ -181,7 +181,7 @@ def test_small_groups_take_one_decoder_call_without_empty_slots_and_still_equal_
     """data.group_size: the trainer's order cuts each rollout's windows into groups of g, so a micro-batch of
     groups holds more rollouts with at most g windows each; the decoder call then has g offset slots per rollout (not
     256 / γ, mostly empty), and the logits still equal the per-window path's."""
-    from align.train import WindowOrder, rollout_spans
+    from align.distill.data import WindowOrder, rollout_spans
 
     model = sliding_drafter().eval()
     rows = rollouts(8, seed=3)

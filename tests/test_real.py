@@ -47,7 +47,7 @@ def test_a_dream_drafter_from_smollm2_decodes_losslessly(smollm2):
     """Unadapted, two layers: it drafts poorly, and the output is still the verifier's, token for token."""
     from transformers import AutoTokenizer
 
-    from align.drafter import Drafter
+    from align.drafters.diffusion import Drafter
     from align.loading import load_verifier_model
     from align.prompts import encode_prompt
     from align.speculative import SpeculativeDecoder
@@ -69,7 +69,8 @@ def test_a_dream_drafter_from_smollm2_decodes_losslessly(smollm2):
 def test_a_dflash_drafter_for_smollm2_reads_its_layers_and_decodes_losslessly(smollm2):
     """zoo:smollm2-dflash: random layers of SmolLM2's width reading its layers 1, 14 and 27, masking with a token of
     its own vocabulary; untrained, and the output is still the verifier's, token for token."""
-    from align.loading import load_dflash_drafter, load_tokenizer, load_verifier_model, shared_vocab_size
+    from align.drafters import load_drafter
+    from align.loading import load_verifier_model
     from align.prompts import encode_prompt
     from align.speculative import SpeculativeDecoder
     from align.verifier import Verifier, ar_generate, eos_ids
@@ -79,9 +80,8 @@ def test_a_dflash_drafter_for_smollm2_reads_its_layers_and_decodes_losslessly(sm
     build(["smollm2-dflash"])
     path = model_dir("smollm2-dflash")
     model, tokenizer = load_verifier_model(str(smollm2))
-    vocab = shared_vocab_size(load_tokenizer(str(path), "dflash drafter"), tokenizer, str(path), str(smollm2))
-    drafter = load_dflash_drafter(path, model, vocab)
-    assert drafter.verifier_layers == [1, 14, 27] and vocab == 49_152
+    drafter = load_drafter(str(path), str(smollm2), model, verifier_tokenizer=tokenizer)  # the family: its config's
+    assert drafter.verifier_layers == [1, 14, 27] and drafter.vocab_size == 49_152
     assert tokenizer.convert_ids_to_tokens(drafter.mask_token_id) == "<empty_output>"
     trainable = sum(p.numel() for p in drafter.model.parameters())
     layers = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import ast
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import GenerationConfig
 
-from conftest import EOS, ROOT, tiny_drafter, tiny_verifier
+from conftest import ROOT, tiny_drafter, tiny_verifier
 from align.distill.lora import add_lora, merge_lora
-from align.drafter import FAMILIES
+from align.drafters.diffusion import FAMILIES
 from align.lossless import classify, lossless_counts
 from align.metrics import Block, DecodeStats
 
@@ -296,7 +295,7 @@ def test_training_softmax_spans_the_shared_vocabulary(model_dirs, world_prompts,
 def test_rollout_tokens_past_the_shared_vocabulary_end_the_rollout():
     """Qwen2.5's 152,064 logit rows exceed its 151,665 tokens: a random-weight verifier samples those ids, and
     training indexed the drafter's distribution with them (before: an index error in the rehearsal)."""
-    from align.train import within_vocab
+    from align.distill.data import within_vocab
 
     rows = [{"response_ids": [5, 6, 70, 7]}, {"response_ids": [5, 6]}, {"response_ids": [64]}]
     rows, cut = within_vocab(rows, 64)
@@ -321,7 +320,8 @@ def test_every_random_draw_names_its_device():
 
 
 def test_models_are_placed_on_the_requested_device(model_dirs):
-    from align.loading import default_device, load_pair
+    from align.drafters import load_pair
+    from align.loading import default_device
 
     drafter, verifier, _ = load_pair(str(model_dirs["mdlm"]), str(model_dirs["verifier"]), "mdlm", "bfloat16",
                                      device="cpu")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import align.speculative as speculative
-from align.drafter import Drafter
+from align.drafters.diffusion import Drafter
 from align.lossless import chi_square_p  # noqa: F401 (the other sampling tests import it from here)
 from align.speculative import SpeculativeDecoder
 from align.verifier import Verifier

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import VOCAB, tiny_drafter, tiny_verifier
-from test_sampling import V, PROMPT, chi_square_p, exact_distribution, models
+from test_sampling import PROMPT, chi_square_p, exact_distribution, models
 from test_speculative import EchoDrafter, check_greedy
-from align.drafter import Drafter
+from align.drafters.diffusion import Drafter
 from align.errors import AlignError
 from align.selection import make_selection
 from align.selection.candidates import iid_candidates, swap_candidates, unique_rows

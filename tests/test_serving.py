@@ -46,7 +46,7 @@ def proposer(path: Path, verifier: Path, gamma: int, max_len: int, monkeypatch):
 def test_proposer_drafts_every_request_in_one_pass_keeps_prefix_state_and_respects_the_length(
         aligned, vllm_verifier, monkeypatch):
     from align.loading import drafting_of, load_drafter_model
-    from align.drafter import Drafter
+    from align.drafters.diffusion import Drafter
 
     p = proposer(aligned, vllm_verifier, gamma=4, max_len=40, monkeypatch=monkeypatch)
     tokens = np.zeros((3, 40), dtype=np.int32)
@@ -181,7 +181,8 @@ def test_vllm_serves_the_dflash_export_through_its_own_method(model_dirs, vllm_v
     states)."""
     from transformers import AutoTokenizer
 
-    from align.loading import load_dflash_drafter, load_verifier_model
+    from align.drafters import load_drafter
+    from align.loading import load_verifier_model
     from align.prompts import encode_prompt, read_prompt_file
     from align.speculative import SpeculativeDecoder
     from align.verifier import Verifier, eos_ids
@@ -198,7 +199,7 @@ def test_vllm_serves_the_dflash_export_through_its_own_method(model_dirs, vllm_v
         "data.num_prompts": 32})) == 0
     prompts = [encode_prompt(tokenizer, p["prompt"]) for p in read_prompt_file(world_prompts)[:6]]
     gamma, tokens = 4, 24
-    drafter = load_dflash_drafter(out / "final", verifier, len(tokenizer))
+    drafter = load_drafter(str(out / "final"), str(vllm_verifier), verifier, verifier_tokenizer=tokenizer)
     decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_ids(verifier, tokenizer))
     ours = [decoder.generate(p, tokens, gamma) for p in prompts]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import VOCAB, tiny_drafter, tiny_verifier
-from align.drafter import Drafter
+from align.drafters.diffusion import Drafter
 from align.speculative import SpeculativeDecoder, greedy_accept, sampling_accept
 from align.verifier import Verifier, ar_generate
 
@@ -180,7 +180,7 @@ def test_blocks_carry_their_time_split():
 def test_a_drafter_with_a_canvas_seed_drafts_from_that_one_canvas_losslessly():
     """canvas_seed: every block starts from fixed_canvas (whatever the generator), the logits are the family's on that
     canvas, and decoding stays the verifier's own; without it, each block draws its own canvas."""
-    from align.drafter import FAMILIES as families, fixed_canvas
+    from align.drafters.diffusion import FAMILIES as families, fixed_canvas
 
     model = tiny_drafter("diffusiongemma", 2)
     prefix = torch.tensor([[5, 6, 7, 8, 9]])
@@ -210,7 +210,7 @@ def test_a_drafter_drafting_its_first_token_from_the_encoder_losslessly(lean):
     later steps condition on the encoder's token: the next test), in decoding (prefix cache: lean pass or the model's
     forward) and on a left-padded batch alike; decoding stays the verifier's own, and a bidirectional family is
     refused."""
-    from align.drafter import lm_logits
+    from align.models.diffusiongemma_pass import lm_logits
     from align.errors import AlignError
 
     model = tiny_drafter("diffusiongemma", 2)
@@ -232,7 +232,7 @@ def test_a_drafter_drafting_its_first_token_from_the_encoder_losslessly(lean):
     padded = torch.tensor([[0, 0, 5, 6, 7, 8, 9], [5, 6, 7, 8, 9, 10, 11]])
     batch = Drafter(model, "diffusiongemma", VOCAB, canvas_seed=3, first_token="encoder")
     with torch.no_grad():
-        _, after = batch.family.canvas_logits(model, padded, (padded > 0).long(), torch.zeros(2, 6, dtype=torch.long),
+        _, after = batch.reader.canvas_logits(model, padded, (padded > 0).long(), torch.zeros(2, 6, dtype=torch.long),
                                               next_token=True)
     assert (after[:1, :VOCAB].log_softmax(-1) - expected).abs().max() < 1e-4
     for seed in range(3):
@@ -248,7 +248,8 @@ def test_at_t_over_1_the_encoders_first_token_is_what_later_steps_condition_on()
     step, it commits the encoder's token (from the encoder's row, the row the draft reads), so every later step's
     canvas holds the draft's own first token there; the first row is then one-hot at that token (as every committed
     row is). Once it committed the canvas's own row-0 token, which the draft did not contain."""
-    from align.drafter import DiffusionGemmaFamily, lm_logits
+    from align.drafters.diffusion import DiffusionGemmaFamily
+    from align.models.diffusiongemma_pass import lm_logits
 
     model = tiny_drafter("diffusiongemma", 2)
     fed: list[torch.Tensor] = []

@@ -83,3 +83,74 @@ def test_no_import_circle_inside_align():
 def test_the_circle_check_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def importers_of(module: str) -> list[str]:
+    """Files under align/, eval/, bench/ and tests/ that import ``module`` (any form, lazily too)."""
+    found = []
+    for folder in ("align", "eval", "bench", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names] \
+                    if isinstance(node, ast.ImportFrom) and not node.level else []
+                if any(n == module or n.startswith(module + ".") for n in names):
+                    found.append(str(path.relative_to(ROOT)))
+    return sorted(set(found))
+
+
+def test_nothing_imports_the_training_script():
+    """``align/train.py`` is an entry script: the library it uses lives in the package (align/distill/), so that
+    nothing has to import the script, and the benchmarks time the trainer's own step, not a copy."""
+    assert importers_of("align.train") == []
+
+
+def test_the_importer_check_sees_an_import():
+    assert "tests/test_structure.py" in importers_of("ast")
+
+
+def test_every_kind_of_drafter_follows_the_one_protocol(tmp_path):
+    """Every family has a builder and a record; every kind's drafter satisfies the loop's protocol, and the loop
+    reads nothing of a drafter that the protocol does not name."""
+    import inspect
+    import re
+
+    from conftest import VOCAB, tiny_drafter, tiny_verifier
+    from align import speculative
+    from align.drafters import BUILDERS
+    from align.drafters.ar import ARDrafter
+    from align.drafters.base import DrafterKind
+    from align.drafters.dflash import DFlashDrafter
+    from align.drafters.diffusion import Drafter
+    from align.families import FAMILIES
+    from align.zoo.models import dflash_model
+
+    assert set(BUILDERS) == set(FAMILIES)
+    verifier = tiny_verifier()
+    kinds = [Drafter(tiny_drafter(f), f, VOCAB, mask_token_id=VOCAB - 1) for f in ("diffusiongemma", "mdlm", "dream")]
+    kinds += [ARDrafter(tiny_verifier(1), VOCAB),
+              DFlashDrafter(dflash_model(verifier.config, [0], VOCAB - 1, layers=1, intermediate=32), verifier, VOCAB)]
+    for drafter in kinds:
+        assert isinstance(drafter, DrafterKind), type(drafter).__name__
+        assert drafter.family in FAMILIES
+    assert not isinstance(object(), DrafterKind)
+    members = {name for name in dir(DrafterKind) if not name.startswith("_")}
+    used = set(re.findall(r"self\.drafter\.(\w+)", inspect.getsource(speculative)))
+    assert used <= members, used - members
+    assert "getattr(self.drafter" not in inspect.getsource(speculative)
+
+
+def test_the_recipe_choices_come_from_the_tables():
+    """A recipe's drafter.family and distill.objective choices are the families' and objectives' tables."""
+    import dataclasses
+
+    from align.config import NEEDS_TEACHER, DistillConfig, DrafterConfig
+    from align.distill.losses import OBJECTIVES
+    from align.families import FAMILIES
+
+    choices = {f.name: f.metadata["choices"] for c in (DrafterConfig, DistillConfig) for f in dataclasses.fields(c)}
+    assert set(choices["family"]) == {name for name, t in FAMILIES.items() if t.trained_here}
+    assert tuple(choices["objective"]) == tuple(OBJECTIVES)
+    assert NEEDS_TEACHER == {name for name, o in OBJECTIVES.items() if o.needs_teacher} == {"kd", "tv", "sampled_streak"}
+    for name, objective in OBJECTIVES.items():  # every option an objective binds is a distill key
+        assert set(objective.options) <= {f.name for f in dataclasses.fields(DistillConfig)}, name

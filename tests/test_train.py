@@ -46,7 +46,7 @@ def overrides(model_dirs, prompts, out, family="diffusiongemma", **extra) -> lis
 
 
 def run_main(args: list[str]) -> int:
-    from align.train import main
+    from conftest import train_main as main
 
     threads = torch.get_num_threads()  # the trainer sizes its threads for the machine; this worker shares it
     try:
@@ -214,7 +214,8 @@ def test_the_next_token_term_is_added_with_its_weight(model_dirs, world_prompts,
 def test_how_the_drafter_drafts_travels_with_the_export(model_dirs, world_prompts, tmp_path):
     """distill.canvas_seed and distill.first_token reach the export's meta.json, and every loader drafts so; the
     held-out metrics are those of the first token decoding drafts (the encoder's: they differ from the canvas's)."""
-    from align.loading import drafting_of, load_pair
+    from align.drafters import load_pair
+    from align.loading import drafting_of
 
     out = tmp_path / "run"
     assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1, "distill.canvas_seed": 5,
@@ -238,7 +239,7 @@ def test_a_bidirectional_drafter_reads_at_decoding_the_context_it_trained_on(mod
     """Per-window families cut each training window's prefix to data.max_prefix_len; the export's meta.json says
     so, and decoding cuts the prefix the drafter re-reads every block to the same last tokens (DiffusionGemma caches
     the whole prefix: no cut)."""
-    from align.drafter import Drafter
+    from align.drafters.diffusion import Drafter
     from align.loading import drafting_of, load_drafter_model
 
     out = tmp_path / "run"
@@ -279,7 +280,7 @@ def test_bad_input_is_refused_with_one_line(model_dirs, world_prompts, tmp_path)
     cases = [
         (["distill.objective=magic"], "distill.objective"),
         (["distill.gamma=200"], "longer than any rollout can be"),
-        ([f"drafter.path={model_dirs['verifier']}"], "is a llama model, not a DiffusionGemma"),
+        ([f"drafter.path={model_dirs['verifier']}"], "is a llama model, not a diffusiongemma drafter"),
         ([f"drafter.path={model_dirs['verifier']}", "drafter.family=mdlm", "distill.next_token_weight=0",
           "distill.first_token=canvas"], "causal language model.*not a diffusion"),
     ]
@@ -289,21 +290,21 @@ def test_bad_input_is_refused_with_one_line(model_dirs, world_prompts, tmp_path)
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(model_dirs, world_prompts, tmp_path, monkeypatch):
-    import align.train
+    from align.distill.losses import OBJECTIVES, Objective
 
     out = tmp_path / "run"
     args = overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2})
     assert run_main(args) == 0
     before = load_file(out / "final" / "model.safetensors")
     calls = {"n": 0}
-    ce = align.train.LOSSES["ce"]
+    ce = OBJECTIVES["ce"].fn
 
     def failing(*a, **k):  # a fault injected in the third step after resuming (two micro-batches a step)
         calls["n"] += 1
         term = ce(*a, **k)
         return term if calls["n"] < 5 else type(term)(term.num * float("nan"), term.den)
 
-    monkeypatch.setitem(align.train.LOSSES, "ce", failing)
+    monkeypatch.setitem(OBJECTIVES, "ce", Objective(failing))
     with pytest.raises(AlignError, match="not finite at step 5.*last good checkpoint is .*step-3"):
         run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 8, "train.save_every": 1,
                                                              "train.keep_checkpoints": 5}))
@@ -342,7 +343,7 @@ def test_empty_or_corrupt_rollouts_are_refused(model_dirs, world_prompts, tmp_pa
 
 def test_schedules_move_from_cross_entropy_to_the_objective():
     from align.config import build_recipe
-    from align.train import objective_share
+    from align.distill.strategy import objective_share
 
     def shares(schedule):
         recipe = build_recipe({"train": {"max_steps": 10}, "distill": {"objective": "streak_ce",
@@ -358,7 +359,7 @@ def test_schedules_move_from_cross_entropy_to_the_objective():
 
 def test_a_one_process_batch_is_split_over_processes_and_a_bad_one_refused_up_front(capsys):
     from align.config import build_recipe
-    from align.train import fit_micro_batch
+    from align.distill.run import fit_micro_batch
 
     recipe = build_recipe({"train": {"micro_batch_size": 64, "global_batch_size": 64}})
     assert fit_micro_batch(recipe, 1, True).train.micro_batch_size == 64
@@ -380,7 +381,7 @@ def test_micro_batches_by_prefix_length_pad_less_and_leave_every_window_its_logi
 
     from conftest import MASK, VOCAB, tiny_drafter
     from align.distill.windows import by_prefix_length, make_windows, window_index
-    from align.drafter import FAMILIES
+    from align.drafters.diffusion import FAMILIES
 
     rng = random.Random(5)
     rows = [{"prompt_ids": [rng.randrange(4, VOCAB) for _ in range(rng.randint(1, 9))],

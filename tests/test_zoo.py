@@ -22,7 +22,7 @@ def mini_cache(tmp_path, monkeypatch):
 
 
 def test_a_miniature_zoo_builds_saves_and_loads(mini_cache, capsys):
-    from align.loading import load_pair
+    from align.drafters import load_pair
     from align.prompts import encode_prompt
     from align.speculative import SpeculativeDecoder
     from align.verifier import ar_generate

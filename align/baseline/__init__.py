@@ -12,17 +12,15 @@ verifier's output). The budget is wall-clock training time (``--seconds``; defau
 time, estimated from its ``metrics.jsonl``) and/or steps. Saved with ``save_pretrained`` plus ``meta.json``
 (``family: ar``), atomically.
 
-:class:`ARDrafter` drafts γ tokens one at a time on a KV cache kept across blocks and plugs into
-``align.speculative.SpeculativeDecoder`` in place of :class:`align.drafter.Drafter`: that is standard speculative
-decoding, through the same loop. ``eval`` measures it (and optionally a diffusion drafter) on held-out prompts.
+:class:`align.drafters.ar.ARDrafter` drafts γ tokens one at a time on a KV cache kept across blocks and plugs into
+``align.speculative.SpeculativeDecoder`` like any drafter: that is standard speculative decoding, through the same
+loop. ``eval`` measures it (and optionally a diffusion drafter) on held-out prompts.
 """
 
 from align.baseline.cli import main
-from align.baseline.drafter import FAMILY, ARDrafter, load_ar_drafter
-from align.baseline.measure import measure, own_draft
+from align.baseline.measure import measure
 from align.baseline.model import ar_model, count_parameters, drafter_shape, llama_parameters, matched_intermediate
 from align.baseline.train import diffusion_train_seconds, save, train
 
-__all__ = ["FAMILY", "ARDrafter", "ar_model", "count_parameters", "diffusion_train_seconds", "drafter_shape",
-           "llama_parameters", "load_ar_drafter", "main", "matched_intermediate", "measure", "own_draft", "save",
-           "train"]
+__all__ = ["ar_model", "count_parameters", "diffusion_train_seconds", "drafter_shape", "llama_parameters", "main",
+           "matched_intermediate", "measure", "save", "train"]

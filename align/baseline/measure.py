@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from align.baseline.drafter import ARDrafter, load_ar_drafter
 from align.errors import AlignError
+
 
 def spread(items: list, limit: int | None) -> list:
     """``limit`` items evenly spaced over ``items`` (all when ``limit`` is None or larger)."""
@@ -23,15 +23,13 @@ def measure(args: argparse.Namespace) -> list[dict]:
     against the verifier alone: accepted per block, τ, tokens/s, and (greedy) token-for-token equality."""
     from tqdm.auto import tqdm
 
-    from align.loading import (default_device, drafting_of, infer_family, load_drafter_model, load_verifier_model,
-                               shared_vocab_size)
-    from align.drafter import Drafter
+    from align.drafters import load_drafter
+    from align.loading import default_device, load_verifier_model
     from align.metrics import DecodeStats, now
     from align.prompts import encode_prompt
-    from align.zoo import load_prompts
     from align.speculative import SpeculativeDecoder
-    from align.verifier import Verifier, ar_generate, eos_ids
-    from align.zoo import resolve
+    from align.verifier import Verifier, ar_generate, eos_ids, verifier_alone
+    from align.zoo import load_prompts, resolve
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -44,7 +42,6 @@ def measure(args: argparse.Namespace) -> list[dict]:
     device = args.device or default_device()
     verifier_model, tokenizer = load_verifier_model(verifier_path, "float32", device)
     eos = eos_ids(verifier_model, tokenizer)
-    vocab = shared_vocab_size(tokenizer, tokenizer, verifier_path, verifier_path)
     prompts = spread(load_prompts(args.prompts), args.limit)
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
 
@@ -54,34 +51,18 @@ def measure(args: argparse.Namespace) -> list[dict]:
     reference = [ar_generate(verifier_model, ids, args.max_new_tokens, args.temperature, eos, args.seed)
                  for ids in tqdm(encoded, desc="verifier alone (generate)", leave=False)]
     generate_tps = sum(map(len, reference)) / (now(device) - start)
-    try:  # the speed reference: a minimal cached loop through the same Verifier path, where the project has it
-        from align.verifier import verifier_alone
-    except ImportError:
-        ar_tps = generate_tps
-    else:
-        verifier_alone(verifier, encoded[0], args.max_new_tokens, eos)  # warm-up, untimed
-        runs = [verifier_alone(verifier, ids, args.max_new_tokens, eos, args.temperature, args.seed)
-                for ids in tqdm(encoded, desc="verifier alone (cached loop)", leave=False)]
-        ar_tps = sum(len(r.tokens) for r in runs) / sum(r.total_s for r in runs)
-    def ar() -> ARDrafter:
-        drafter = load_ar_drafter(path, device, vocab)
-        drafter.expose_draft = not args.resample
-        return drafter
-
-    drafters = [("ar", ar)]
-    if args.diffusion:
-        def diffusion() -> Drafter:
-            dpath = resolve(args.diffusion)
-            family = infer_family(dpath)
-            model, _ = load_drafter_model(dpath, family, "float32", device=device)
-            return Drafter(model, family, vocab, tokenizer.mask_token_id, **drafting_of(dpath))
-        drafters.append(("diffusion", diffusion))
+    # the speed reference: a minimal cached loop through the same Verifier path
+    verifier_alone(verifier, encoded[0], args.max_new_tokens, eos)  # warm-up, untimed
+    runs = [verifier_alone(verifier, ids, args.max_new_tokens, eos, args.temperature, args.seed)
+            for ids in tqdm(encoded, desc="verifier alone (cached loop)", leave=False)]
+    ar_tps = sum(len(r.tokens) for r in runs) / sum(r.total_s for r in runs)
+    drafters = [("ar", str(path))] + ([("diffusion", args.diffusion)] if args.diffusion else [])
     results = []
-    for label, build in drafters:
-        drafter = build()
+    for label, drafter_path in drafters:
+        drafter = load_drafter(drafter_path, verifier_path, verifier_model, device=device, verifier_tokenizer=tokenizer)
+        if label == "ar":
+            drafter.expose_draft = not args.resample  # --resample: redraw the draft from its rows
         decoder = SpeculativeDecoder(drafter, verifier, eos)
-        if isinstance(drafter, ARDrafter):
-            own_draft(decoder)
         decoder.generate(encoded[0], args.max_new_tokens, args.gamma)  # warm-up, untimed
         stats, same = DecodeStats(), 0
         for ids, ref in zip(tqdm(encoded, desc=label, leave=False), reference):
@@ -89,7 +70,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
             stats = stats + gen.stats
             same += gen.tokens == ref
         s = stats.summary(args.gamma)
-        row = {"drafter": label, "path": str(path) if label == "ar" else args.diffusion, "prompts": len(encoded),
+        row = {"drafter": label, "path": drafter_path, "prompts": len(encoded),
                "gamma": args.gamma, "temperature": args.temperature, "accepted_mean": s["accepted_mean"],
                "tau": s["tau"], "acceptance_rate": s["acceptance_rate"], "tokens_per_s": s["tokens_per_s"],
                "verifier_alone_tokens_per_s": ar_tps, "speedup": s["tokens_per_s"] / ar_tps,
@@ -109,17 +90,4 @@ def measure(args: argparse.Namespace) -> list[dict]:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return results
-
-
-def own_draft(decoder) -> None:
-    """Make ``decoder`` verify the draft an :class:`ARDrafter` drew (what the report's speculative.py change does
-    for every drafter that keeps one), not one redrawn independently from its rows."""
-    drafter, plain = decoder.drafter, decoder._drafts
-
-    def drafts(logq, temperature, generator, selection):
-        if selection is None and getattr(drafter, "draft", None) is not None:
-            return drafter.draft[:1]
-        return plain(logq, temperature, generator, selection)
-
-    decoder._drafts = drafts
 

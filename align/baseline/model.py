@@ -45,8 +45,9 @@ def matched_intermediate(target: int, vocab: int, hidden: int, layers: int, mult
 
 def drafter_shape(path: str, family: str, trust_remote_code: bool = False) -> dict[str, int]:
     """Parameter count and text sizes of a (diffusion) drafter, built on the meta device: no weights are read."""
-    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
+    from transformers import AutoConfig
 
+    from align.loading import model_class
     from align.zoo import is_built, resolve
 
     name = path[len("zoo:"):] if path.startswith("zoo:") else None
@@ -69,14 +70,9 @@ def drafter_shape(path: str, family: str, trust_remote_code: bool = False) -> di
     except (OSError, ValueError) as error:
         raise AlignError(f"cannot read the drafter's config from '{path}' ({str(error).splitlines()[0]})") from None
     with torch.device("meta"):
-        if config.model_type == "diffusion_gemma":
-            from transformers import DiffusionGemmaForBlockDiffusion
-
-            model = DiffusionGemmaForBlockDiffusion(config)
-        elif family == "mdlm":
-            model = AutoModelForMaskedLM.from_config(config)
-        else:
-            model = AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+        cls = model_class(family, config)
+        model = cls.from_config(config, trust_remote_code=trust_remote_code) if hasattr(cls, "from_config") \
+            else cls(config)
     text = config.get_text_config()
     return {"parameters": count_parameters(model), "hidden": text.hidden_size, "layers": text.num_hidden_layers,
             "heads": text.num_attention_heads}

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from align.baseline.drafter import FAMILY
+from align.drafters.ar import FAMILY
 from align.baseline.model import ar_model, count_parameters, drafter_shape, matched_intermediate
 from align.errors import AlignError
 from align.files import atomic_folder
@@ -58,7 +58,7 @@ def load_sequences(recipe, vocab: int) -> tuple[list[tuple[list[int], int]], lis
     """(train, held-out) sequences ``(prompt ‖ response, prompt length)`` from the run's rollouts, split exactly as
     ``align/train.py`` splits them, and the rollout metadata."""
     from align.rollouts import generate_rollouts, rollout_meta, rollouts_dir
-    from align.train import heldout_rows, within_vocab
+    from align.distill.data import heldout_rows, within_vocab
 
     dataset = generate_rollouts(recipe, progress=True)
     rows, cut = within_vocab(dataset.select_columns(["prompt_id", "prompt_ids", "response_ids"]).to_list(), vocab)

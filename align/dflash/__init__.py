@@ -1,7 +1,3 @@
-"""The feature-conditioned block-diffusion drafter (DFlash-style): a few layers that draft a block in one pass from
-the verifier's own hidden states (model: ``align.models.dflash``; decoding: :mod:`align.dflash.drafter`, loaded by
-``align.loading.load_dflash_drafter``; training batches: :mod:`align.dflash.batch`; docs/dflash.md)."""
-
-from align.dflash.drafter import FAMILY, DFlashDrafter, check_verifier, verifier_fingerprint
-
-__all__ = ["FAMILY", "DFlashDrafter", "check_verifier", "verifier_fingerprint"]
+"""Training the feature-conditioned block-diffusion drafter (DFlash-style): batches that run every window of a
+rollout in one drafter pass (:mod:`align.dflash.batch`) and the verifier's features cached on disk
+(:mod:`align.dflash.cache`). Its model: ``align.models.dflash``; decoding: ``align.drafters.dflash``; docs/dflash.md."""

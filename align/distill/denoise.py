@@ -1,7 +1,7 @@
 """Training for drafting in T > 1 denoising steps: windows at a later step of the schedule decoding uses.
 
 Decoding in T steps (``Drafter.marginals``) starts from a fully noised canvas and, after each drafter pass but the
-last, commits the most confident positions to the drafter's own tokens (``align.drafter.commit_step``; uniform-noise
+last, commits the most confident positions to the drafter's own tokens (``align.drafters.diffusion.commit_step``; uniform-noise
 canvases re-noise the rest), the next pass self-conditioning on the last pass's logits. A drafter trained on fully
 noised canvases only never sees those later canvases. With ``distill.denoise_steps`` T > 1, each micro-batch draws a
 step k from 0..T-1 (seeded by run, step and micro-batch, so a resume draws the same); for k > 0 the drafter runs k
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from align.drafter import commit_step
+from align.drafters.diffusion import commit_step
 
 
 def denoise_step(steps: int, seed: int, step: int, micro: int) -> int:
@@ -32,7 +32,7 @@ def advance(forward: Callable[[Any, torch.Tensor | None], torch.Tensor], batch: 
             masked: bool, vocab_size: int, generator: torch.Generator | None = None) -> tuple[Any, torch.Tensor | None]:
     """The windows of ``batch`` as decoding sees them at step ``k`` of ``steps``: k drafter passes
     (``forward(batch, self_conditioning)`` -> logits (N, γ, V_model) in the order of the labels), each followed by
-    :func:`~align.drafter.commit_step` at temperature 0. Returns the batch with those canvases and the logits of pass
+    :func:`~align.drafters.diffusion.commit_step` at temperature 0. Returns the batch with those canvases and the logits of pass
     k - 1 (what pass k self-conditions on; None for k = 0)."""
     canvas = batch.window_canvases()
     committed = torch.zeros(canvas.shape, dtype=torch.bool, device=canvas.device)

@@ -13,7 +13,9 @@ chunks and write the gradient straight into one (B, γ, V) buffer.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -308,7 +310,31 @@ def sampled_streak_loss(logits: torch.Tensor, labels: torch.Tensor, temperature:
     return LossTerm(-expected_streak(accept).sum(), _windows(labels))
 
 
-LOSSES = {"streak": streak_loss, "ce_streak": ce_streak_loss, "ce": ce_loss, "kd": kd_loss, "tv": tv_loss,
-          "streak_ce": streak_ce_loss, "first_failure": first_failure_loss, "margin": margin_loss,
-          "sampled_streak": sampled_streak_loss, "decayed_ce": decayed_ce_loss}
-PER_WINDOW = {"streak", "ce_streak", "sampled_streak"}  # den = windows; the others average over positions
+@dataclass(frozen=True)
+class Objective:
+    """A training objective (``distill.objective``): its loss function and what the trainer must know of it."""
+
+    fn: Callable[..., LossTerm]
+    per_window: bool = False  # den = windows (else positions)
+    needs_teacher: bool = False  # reads the verifier's logits at every block position
+    options: tuple[str, ...] = ()  # the ``distill.*`` keys it takes as keyword arguments
+
+    def bind(self, distill: Any) -> Callable[..., LossTerm]:
+        """``fn(logits, labels, temperature, teacher) -> LossTerm`` with its options read from ``distill``."""
+        return functools.partial(self.fn, **{key: getattr(distill, key) for key in self.options})
+
+
+#: every objective a recipe may name; ``align.config`` takes its choices from here
+OBJECTIVES: dict[str, Objective] = {
+    "streak": Objective(streak_loss, per_window=True),
+    "ce_streak": Objective(ce_streak_loss, per_window=True),
+    "ce": Objective(ce_loss),
+    "kd": Objective(kd_loss, needs_teacher=True),
+    "tv": Objective(tv_loss, needs_teacher=True),
+    "streak_ce": Objective(streak_ce_loss, options=("smoothing",)),
+    "first_failure": Objective(first_failure_loss, options=("after_failure",)),
+    "margin": Objective(margin_loss, options=("smoothing",)),
+    "sampled_streak": Objective(sampled_streak_loss, per_window=True, needs_teacher=True),
+    "decayed_ce": Objective(decayed_ce_loss, options=("decay",)),
+}
+LOSSES = {name: objective.fn for name, objective in OBJECTIVES.items()}  # name -> loss function

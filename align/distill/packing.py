@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache
 
 from align.distill.windows import window_canvas
-from align.drafter import lm_logits
+from align.models.diffusiongemma_pass import lm_logits
 from align.errors import AlignError
 
 QUERIES_PER_CALL = 256  # canvas positions per decoder call and rollout, at most: C ≤ max(1, 256 // γ)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from align.drafter import FAMILIES, fixed_canvas
+from align.drafters.diffusion import FAMILIES, fixed_canvas
 
 
 @dataclass
@@ -76,7 +76,18 @@ def make_windows(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int,
 def window_canvas(family: str, row: int, t: int, gamma: int, mask_token_id: int | None, vocab_size: int,
                   seed: int, canvas_seed: int | None = None) -> torch.Tensor:
     """The canvas (γ,) of window (row, t): all [MASK], or uniform tokens from a generator seeded by the window
-    (``canvas_seed``: the drafter's one fixed canvas, :func:`align.drafter.fixed_canvas`)."""
+    (``canvas_seed``: the drafter's one fixed canvas, :func:`align.drafters.diffusion.fixed_canvas`)."""
     if canvas_seed is None:  # the window's own draw
         canvas_seed = zlib.crc32(f"{seed}/{row}/{t}".encode())
     return fixed_canvas(FAMILIES[family], gamma, mask_token_id, vocab_size, canvas_seed)
+
+
+@torch.no_grad()
+def teacher_logits(verifier, batch: WindowBatch, vocab: int) -> torch.Tensor:
+    """The verifier's logits at each block position, teacher-forced on the rollout tokens: (B, γ, V)."""
+    labels = batch.labels.clamp(min=0)
+    ids = torch.cat([batch.prefix, labels[:, :-1]], dim=1)
+    mask = torch.cat([batch.prefix_mask, torch.ones_like(labels[:, :-1])], dim=1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = verifier(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    return logits[:, batch.prefix.shape[1] - 1:, :vocab]

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from align.drafter import FAMILIES
+from align.drafters.diffusion import FAMILIES
+from align.families import traits
 from align.files import atomic_path
 from align.zoo.pretrain import Doc, drafter_batch, packed_drafter_batch
 
@@ -54,7 +55,7 @@ def adapt(model: Any, family: str, docs: list[Doc], steps: int, batch_size: int,
     """Train ``model`` (a drafter of ``family``) for ``steps`` steps on ``docs``; returns every step's loss. Resumes
     from ``checkpoint`` when a previous run of the same settings left one there."""
     fam = FAMILIES[family]
-    packed = family == "diffusiongemma"
+    packed = traits(family).causal_prefix  # every window of a text from one encoder pass
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.01,
                                   betas=(0.9, 0.98))
 

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from align.distill.packing import make_packed, next_token_labels, packed_logits
-from align.drafter import FAMILIES, canvas_for
+from align.drafters.diffusion import FAMILIES, canvas_for
+from align.families import traits
 
 Doc = tuple[list[int], int]  # token ids of prompt ‖ response ‖ eos, and the prompt's length
 
@@ -160,11 +161,11 @@ def pretrain_drafter(model: Any, family: str, docs: list[Doc], steps: int, mask_
         prefix, prefix_mask, canvas, labels, denoising = drafter_batch(next(batches), family, rng, mask_token_id,
                                                                        vocab_size, generator)
         self_conditioning = None
-        if family == "diffusiongemma" and denoising and rng.random() < 0.5:
+        if traits(family).self_conditioning and denoising and rng.random() < 0.5:
             with torch.no_grad():
                 self_conditioning = fam.canvas_logits(model, prefix, prefix_mask, canvas)
         logits = fam.canvas_logits(model, prefix, prefix_mask, canvas, self_conditioning)
         return F.cross_entropy(logits[..., :vocab_size].reshape(-1, vocab_size), labels.reshape(-1), ignore_index=-100)
 
-    packed = family == "diffusiongemma" and offsets > 1
+    packed = traits(family).causal_prefix and offsets > 1
     return _train(model, steps, lr, seed, desc, packed_loss if packed else batch_loss)

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from align.loading import load_pair, load_verifier_model
+from align.drafters import load_pair
+from align.loading import load_verifier_model
 from align.prompts import encode_prompt
 from align.tinyworld.corpus import entropy_table, read_jsonl
 from align.zoo.registry import is_built, model_dir, world_dir

@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from align.drafter import PrefixState
-from align.drafter_pass import cache_keyword
+from align.drafters.base import DrafterKind
 from align.errors import AlignError
+from align.inference import PrefixState, cache_keyword
 
 FAMILY = "ar"
 
-class ARDrafter:
-    """An autoregressive drafter behind the :class:`align.drafter.Drafter` interface.
+
+class ARDrafter(DrafterKind):
+    """An autoregressive drafter behind the loop's interface (:class:`align.drafters.base.DrafterKind`).
 
     ``marginals(prefix, γ, steps, temperature, generator)`` drafts γ tokens one at a time (argmax at temperature 0,
     else a sample from ``softmax(logq_j / temperature)`` with ``generator``) and returns the rows they were drawn
     from, as temperature-1 log-probabilities (B, γ, V): row j is the drafter's distribution after the prefix and
     draft tokens 0..j-1. The draft itself is kept in ``self.draft`` (B, γ): at temperature 0 it is the rows'
-    argmax, which is what the loop takes; at temperature > 0 the loop must verify this draft rather than redraw one
-    from the rows (see the report's speculative.py change; :func:`own_draft` does it for one decoder). Redrawing
-    from the rows (``expose_draft=False``, or the unchanged loop) is still lossless — the rows are fixed before the
-    draw — but accepts less. ``steps`` is accepted and ignored (no denoising).
+    argmax, which is what the loop takes; at temperature > 0 the loop verifies this draft rather than redraw one
+    from the rows. Redrawing from the rows (``expose_draft=False``) is still lossless — the rows are fixed before
+    the draw — but accepts less. ``steps`` is accepted and ignored (no denoising).
 
     Batch 1 (decoding) keeps the prefix's KV cache in ``self.state`` (:class:`PrefixState`) across blocks: a new
     prefix that extends the cached ids reuses the cache; otherwise the cache is cropped to the longest common
@@ -107,13 +106,7 @@ class ARDrafter:
         return torch.stack(rows, 1)
 
 
-def load_ar_drafter(path: str | Path, device: str | torch.device | None = None, vocab_size: int | None = None,
-                    dtype: str = "float32") -> ARDrafter:
-    """An :class:`ARDrafter` from a folder written by ``python -m align.baseline train`` (or any causal LM).
-
-    ``vocab_size`` is the vocabulary shared with the verifier (default: the model's own vocabulary)."""
-    from align.loading import load_verifier_model
-
-    model, _ = load_verifier_model(str(path), dtype, device, role="AR drafter")
-    return ARDrafter(model, vocab_size or model.config.vocab_size)
-
+def build(model: Any, source: Any) -> ARDrafter:
+    """An :class:`ARDrafter` around a loaded causal LM (``python -m align.baseline train`` writes one; any causal LM
+    with the verifier's tokenizer serves)."""
+    return ARDrafter(model, source.vocab)

@@ -3,31 +3,20 @@
 Decoding a batch of one calls the drafter once per block; on a small model the wrappers' per-call work costs more
 than the arithmetic. :class:`DiffusionGemmaPass` does the same arithmetic with the same weights (the first call is
 checked against the model's own forward) and skips what drafting does not need. ``ALIGN_LEAN=0`` selects the
-models' own forwards everywhere (``bench/throughput.py --decode`` measures both).
+models' own forwards everywhere (``bench/throughput.py --decode`` measures both). :func:`lm_logits` and
+:func:`with_cache` are what the model's own forwards need of it on the other paths (training, the check).
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-import os
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-
-@dataclass
-class PrefixState:
-    """What a drafter remembers of the prefix between calls (DiffusionGemma: its encoder KV cache), and the lean
-    decoding pass to use (None: the model's own forward)."""
-
-    ids: list[int] = field(default_factory=list)
-    cache: Any = None
-    lean: "DiffusionGemmaPass | None" = None
-    next_logits: torch.Tensor | None = None  # (1, V) the encoder's next-token logits after ``ids``, once asked for
+from align.inference import PrefixState, cache_keyword
 
 
 def lm_logits(core: Any, hidden: torch.Tensor) -> torch.Tensor:
@@ -36,21 +25,6 @@ def lm_logits(core: Any, hidden: torch.Tensor) -> torch.Tensor:
     logits = core.lm_head(hidden).float()
     cap = core.final_logit_softcapping
     return logits if cap is None else torch.tanh(logits / cap) * cap
-
-
-def forward_accepts(model: Any) -> set[str]:
-    """The keyword arguments ``model.forward`` names (empty when its signature cannot be read)."""
-    try:
-        return set(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        return set()
-
-
-def cache_keyword(model: Any) -> str:
-    """The name ``model.forward`` (a model or its class) takes its KV cache by: ``cache`` in transformers 5 (which
-    deprecates ``past_key_values``, with a warning, until it removes it), ``past_key_values`` before and in
-    wrappers."""
-    return "cache" if "cache" in forward_accepts(model) else "past_key_values"
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,18 +39,6 @@ def with_cache(cache: Any) -> dict[str, Any]:
     names it ``cache`` from 5.20 on and ``past_key_values`` before (the version vLLM's CPU build pins, where the
     drafter serves). Read from transformers' class, so wrappers (DeepSpeed, PEFT) do not hide it."""
     return {_cache_keyword(): cache}
-
-
-def lean_default() -> bool:
-    """Whether decoding takes the lean passes (``ALIGN_LEAN=0`` selects the models' own forwards, for comparison)."""
-    return os.environ.get("ALIGN_LEAN", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def grad_free(lean: bool):
-    """The mode decoding runs in: ``torch.inference_mode`` on the lean path (no autograd bookkeeping at all: no
-    version counters, no view tracking, per operation), ``torch.no_grad`` on the models' own (as before). Outputs
-    and caches made under inference mode can be read, sliced and concatenated anywhere, not changed in place."""
-    return torch.inference_mode() if lean else torch.no_grad()
 
 
 # ``DiffusionGemmaRMSNorm`` is x · pow(mean(x²) + eps, -½) (· weight) in float32; ``F.rms_norm`` is the same
@@ -363,9 +325,21 @@ class DiffusionGemmaPass:
     def _layer(self, layer: Any, i: int, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                segments: list[tuple[Any, int, int]], c: int, kept: slice | torch.Tensor, firsts: list[int],
                masks: dict, last: bool) -> torch.Tensor:
-        """One layer over each segment's n new prefix rows and c canvas rows: the new rows' keys and values join
-        the segment's cache; with none new, the canvas reads the cache as the decoder does. The last layer goes on
-        past its keys and values only for the ``kept`` rows (from row ``firsts[b]`` of segment b on)."""
+        """One layer over each segment's n new prefix rows and c canvas rows: :meth:`_attention`, then
+        :meth:`_feed_forward`, scaled by the layer's scalar (the last layer stops at its keys and values when no row
+        is read past them)."""
+        attended = self._attention(layer, i, h, rope, segments, c, kept, firsts, masks, last)
+        if attended is None:
+            return h
+        return self._feed_forward(layer, attended) * layer.layer_scalar
+
+    def _attention(self, layer: Any, i: int, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                   segments: list[tuple[Any, int, int]], c: int, kept: slice | torch.Tensor, firsts: list[int],
+                   masks: dict, last: bool) -> torch.Tensor | None:
+        """Layer ``i``'s attention block over each segment's n new prefix rows and c canvas rows, with its residual:
+        the new rows' keys and values join the segment's cache; with none new, the canvas reads the cache as the
+        decoder does. The last layer goes on past its keys and values only for the ``kept`` rows (from row
+        ``firsts[b]`` of segment b on); None when no row is read past them."""
         attn, eps = layer.self_attn, self.eps
         x = _rms(h, layer.input_layernorm.weight, eps)
         shape = (*x.shape[:-1], -1, attn.head_dim)
@@ -388,7 +362,7 @@ class DiffusionGemmaPass:
             keys.append((torch.cat([past_k, own_k[:, :, n:]], dim=-2) if c else past_k,
                          torch.cat([past_v, own_v[:, :, n:]], dim=-2) if c else past_v))
         if last and all(first == n + c for first, (*_, n) in zip(firsts, segments)):  # no row is read past here
-            return h
+            return None
         trim = last and any(firsts)
         if trim:  # the last layer's other new rows only had to leave their keys and values
             h, x, cos, sin = h[:, kept], x[:, kept], cos[:, kept], sin[:, kept]
@@ -405,10 +379,13 @@ class DiffusionGemmaPass:
             outs.append(self._attend(attn, own_q, k, v, mask))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         out = _linear(out.transpose(1, 2).reshape(*x.shape[:-1], -1), attn.o_proj)
-        h = h + _rms(out, layer.post_attention_layernorm.weight, eps)
+        return h + _rms(out, layer.post_attention_layernorm.weight, eps)
 
-        # the dense MLP and the experts side by side; their two input norms and the router's norm normalise the
-        # same residual (same eps), so it is normalised once and scaled three ways
+    def _feed_forward(self, layer: Any, h: torch.Tensor) -> torch.Tensor:
+        """The feed-forward block with its residual: the dense MLP and the experts side by side; their two input
+        norms and the router's norm normalise the same residual (same eps), so it is normalised once and scaled
+        three ways."""
+        eps = self.eps
         mlp, residual = layer.mlp, h
         base = _normalised(h, eps)
         x = _scaled(base, layer.pre_feedforward_layernorm.weight, h)
@@ -420,8 +397,7 @@ class DiffusionGemmaPass:
         experts = self._experts(layer.experts, _scaled(flat, layer.pre_feedforward_layernorm_2.weight, h), index,
                                 weights).reshape(residual.shape)
         experts = _rms(experts, layer.post_feedforward_layernorm_2.weight, eps)
-        h = residual + _rms(dense + experts, layer.post_feedforward_layernorm.weight, eps)
-        return h * layer.layer_scalar
+        return residual + _rms(dense + experts, layer.post_feedforward_layernorm.weight, eps)
 
     @staticmethod
     def _attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -1,7 +1,7 @@
-"""The drafter interface: a diffusion model that fills a canvas of γ positions after a prefix, in T steps.
+"""The diffusion drafter: a model that fills a canvas of γ positions after a prefix, in T denoising steps.
 
-Three families read a canvas differently; each is a small class with the same two methods, chosen by the
-recipe's ``drafter.family``:
+Three families read a canvas differently (their traits: ``align.families``); each is a small class with the same two
+methods, chosen by the recipe's ``drafter.family``:
 
 | family           | canvas                | logits for canvas position j            | prefix                      |
 |------------------|-----------------------|-----------------------------------------|-----------------------------|
@@ -35,18 +35,29 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from align.drafter_pass import DiffusionGemmaPass, PrefixState, grad_free, lean_default, lm_logits, with_cache
+from align.drafters.base import DrafterKind
 from align.errors import AlignError
+from align.families import FIRST_TOKEN, Traits, traits
+from align.inference import PrefixState, forward_accepts, grad_free, lean_default
+from align.models.diffusiongemma_pass import DiffusionGemmaPass, lm_logits, with_cache
 
 
 # ------------------------------------------------------------------------------------------------ families
 
 
 class Family:
-    """How one kind of diffusion model reads ``prefix ‖ canvas``."""
+    """How one kind of diffusion model reads ``prefix ‖ canvas``; what it is: :attr:`traits`."""
 
-    name: str
-    masked: bool  # canvas of [MASK] (True) or of uniform random tokens (False)
+    traits: Traits
+
+    @property
+    def name(self) -> str:
+        return self.traits.name
+
+    @property
+    def masked(self) -> bool:
+        """A canvas of [MASK] (True) or of uniform random tokens (False)."""
+        return self.traits.masked
 
     def canvas_logits(self, model: Any, prefix: torch.Tensor, prefix_mask: torch.Tensor | None,
                       canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None,
@@ -76,7 +87,7 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 class DiffusionGemmaFamily(Family):
     """``DiffusionGemmaForBlockDiffusion``: an AR encoder writes the prefix KV cache, a bidirectional decoder reads it."""
 
-    name, masked = "diffusiongemma", False
+    traits = traits("diffusiongemma")
 
     def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None, next_token=False):
         gamma = canvas.shape[1]
@@ -163,7 +174,7 @@ class DiffusionGemmaFamily(Family):
 class MaskedFamily(Family):
     """Bidirectional masked LM, same-position logits (MDLM / LLaDA style; any ``*ForMaskedLM``)."""
 
-    name, masked = "mdlm", True
+    traits = traits("mdlm")
 
     def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None, next_token=False):
         no_prefix_pass(self, next_token)
@@ -176,7 +187,7 @@ class MaskedFamily(Family):
 class ShiftedMaskedFamily(Family):
     """Bidirectional masked LM whose position i predicts token i + 1 (Dream / DiffuCoder, ``trust_remote_code``)."""
 
-    name, masked = "dream", True
+    traits = traits("dream")
 
     def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None, next_token=False):
         no_prefix_pass(self, next_token)
@@ -200,8 +211,6 @@ class ShiftedMaskedFamily(Family):
 def _keeps_logits(model: Any) -> bool:
     """Whether ``model`` (or the model inside a DeepSpeed engine) takes ``logits_to_keep`` (align's Dream classes
     do; Dream's and DiffuCoder's own code does not)."""
-    from align.drafter_pass import forward_accepts
-
     return "logits_to_keep" in forward_accepts(getattr(model, "module", model))
 
 
@@ -211,8 +220,8 @@ def no_prefix_pass(family: Family, next_token: bool) -> None:
                          "to draft a first token from (first_token 'encoder' needs a diffusiongemma drafter)")
 
 
+#: the diffusion families' canvas readers, by name
 FAMILIES: dict[str, Family] = {f.name: f for f in (DiffusionGemmaFamily(), MaskedFamily(), ShiftedMaskedFamily())}
-FIRST_TOKEN = ("canvas", "encoder")  # what drafts a block's first token: the canvas, or the encoder's next token
 
 
 def canvas_for(family: Family, labels: torch.Tensor, noise: torch.Tensor, rate: torch.Tensor | float,
@@ -268,8 +277,8 @@ def commit_step(logq: torch.Tensor, canvas: torch.Tensor, committed: torch.Tenso
 # ------------------------------------------------------------------------------------------------ the drafter
 
 
-class Drafter:
-    """A diffusion model behind one interface: marginals of a γ-block after a prefix, in T denoising steps.
+class Drafter(DrafterKind):
+    """A diffusion model behind the loop's interface: marginals of a γ-block after a prefix, in T denoising steps.
 
     ``lean`` (default: on unless ``ALIGN_LEAN=0``): decode through :class:`DiffusionGemmaPass` where the model
     supports it, in inference mode; off: the model's own forward under ``no_grad``, as before.
@@ -279,14 +288,15 @@ class Drafter:
                  lean: bool | None = None, canvas_seed: int | None = None, first_token: str = "canvas",
                  context: int | None = None):
         if family not in FAMILIES:
-            raise AlignError(f"unknown drafter family '{family}'; choose one of {', '.join(FAMILIES)}")
+            raise AlignError(f"'{family}' is not a diffusion drafter family; choose one of {', '.join(FAMILIES)}")
         if first_token not in FIRST_TOKEN:
             raise AlignError(f"unknown first_token '{first_token}'; choose one of {', '.join(FIRST_TOKEN)}")
-        no_prefix_pass(FAMILIES[family], first_token == "encoder" and family != "diffusiongemma")
+        self.reader = FAMILIES[family]
+        no_prefix_pass(self.reader, first_token == "encoder" and not self.reader.traits.causal_prefix)
         self.model = model.eval()
-        self.family = FAMILIES[family]
+        self.family = family
         self.vocab_size = vocab_size  # the shared vocabulary: logits beyond it are sliced away
-        if self.family.masked and mask_token_id is None:
+        if self.reader.masked and mask_token_id is None:
             raise AlignError(f"the {family} family needs a mask token: the drafter's tokenizer has none; "
                              "set drafter.mask_token_id")
         self.mask_token_id = mask_token_id
@@ -294,12 +304,12 @@ class Drafter:
         self._fixed: dict[tuple[int, str], torch.Tensor] = {}  # that canvas per (γ, device)
         self.first_token = first_token  # "encoder": the block's first row is the encoder's next-token distribution
         # bidirectional families re-read the prefix every block: at most its last `context` tokens, as in training
-        # (the export's data.max_prefix_len); DiffusionGemma caches the whole prefix and reads it all
-        self.context = None if family == "diffusiongemma" else context
+        # (the export's data.max_prefix_len); a causal prefix pass (DiffusionGemma) caches the whole prefix and reads it all
+        self.context = None if self.reader.traits.causal_prefix else context
         # decoding through the model's parts (DiffusionGemmaPass) or, lean=False / ALIGN_LEAN=0, its own forward
         self.lean = lean_default() if lean is None else lean
         self.lean_pass = None
-        if family == "diffusiongemma" and DiffusionGemmaPass.supported(model) is None:
+        if DiffusionGemmaPass.supported(model) is None:
             self.lean_pass = DiffusionGemmaPass(model)
         self.state = PrefixState()
         self.reset()
@@ -324,7 +334,7 @@ class Drafter:
             prefix = prefix[:, -self.context:]
 
         def logits_of(canvas, self_conditioning, next_token):
-            return self.family.canvas_logits(self.model, prefix, None, canvas, self_conditioning, state, next_token)
+            return self.reader.canvas_logits(self.model, prefix, None, canvas, self_conditioning, state, next_token)
 
         with grad_free(self.lean):
             return self._denoise(logits_of, prefix.shape[0], gamma, steps, temperature, generator, prefix.device)
@@ -339,7 +349,7 @@ class Drafter:
             prefixes = [p[:, -self.context:] for p in prefixes]
 
         def logits_of(canvas, self_conditioning, next_token):
-            return self.family.canvas_logits_many(self.model, prefixes, canvas, self_conditioning, states, next_token)
+            return self.reader.canvas_logits_many(self.model, prefixes, canvas, self_conditioning, states, next_token)
 
         with grad_free(self.lean):
             return self._denoise(logits_of, len(prefixes), gamma, steps, temperature, generator, prefixes[0].device)
@@ -356,11 +366,11 @@ class Drafter:
         if self.canvas_seed is None:  # a fresh draw per block
             uniform = torch.rand((batch, gamma), generator=generator, device=device)
             empty = torch.full((batch, gamma), -100, dtype=torch.long, device=device)
-            canvas = canvas_for(self.family, empty, uniform, 1.0, self.mask_token_id, self.vocab_size, generator)
+            canvas = canvas_for(self.reader, empty, uniform, 1.0, self.mask_token_id, self.vocab_size, generator)
         else:  # the one canvas it was trained on, drawn once per (γ, device)
             key = (gamma, str(device))
             if key not in self._fixed:
-                self._fixed[key] = fixed_canvas(self.family, gamma, self.mask_token_id, self.vocab_size,
+                self._fixed[key] = fixed_canvas(self.reader, gamma, self.mask_token_id, self.vocab_size,
                                                 self.canvas_seed, device)
             canvas = self._fixed[key].expand(batch, gamma)
         committed = torch.zeros((batch, gamma), dtype=torch.bool, device=device)
@@ -376,10 +386,33 @@ class Drafter:
                 logq = torch.cat([first, logq[:, 1:]], dim=1)
             if step == steps - 1:
                 break
-            canvas, committed = commit_step(logq, canvas, committed, step, steps, self.family.masked,
+            canvas, committed = commit_step(logq, canvas, committed, step, steps, self.reader.masked,
                                             self.vocab_size, temperature, generator)
             self_conditioning = logits
         if committed.any():  # committed rows are one-hot (the first too, when it was committed from the encoder)
             onehot = torch.full_like(logq, -math.inf).scatter_(-1, canvas[..., None], 0.0)
             logq = torch.where(committed[..., None], onehot, logq)
         return logq
+
+
+def drafting(meta: dict[str, Any]) -> dict[str, Any]:
+    """How an exported drafter drafts, as its training set it (its meta.json; defaults for a folder that is not an
+    export): ``canvas_seed``, the fixed canvas it was trained on (None: a fresh draw per block), ``first_token``, what
+    drafts a block's first token, and ``context``, the prefix tokens a bidirectional drafter reads (its training's
+    ``data.max_prefix_len``; None: all). Keyword arguments of :class:`Drafter`."""
+    seed, first, context = meta.get("canvas_seed"), meta.get("first_token"), meta.get("context")
+    return {"canvas_seed": seed if isinstance(seed, int) else None,
+            "first_token": first if first in FIRST_TOKEN else "canvas",
+            "context": context if isinstance(context, int) and context > 0 else None}
+
+
+def build(model: Any, source: Any) -> Drafter:
+    """A :class:`Drafter` around a loaded diffusion model (``source``: :class:`align.drafters.Source`), drafting as
+    its training set it."""
+    head = model.get_output_embeddings()
+    rows = head.weight.shape[0] if head is not None else source.vocab
+    if rows < source.vocab:
+        raise AlignError(f"the drafter '{source.name}' has {rows} logit rows, fewer than the {source.vocab} tokens of "
+                         "the shared vocabulary")
+    mask = source.mask_token_id if source.mask_token_id is not None else source.tokenizer.mask_token_id
+    return Drafter(model, source.family, source.vocab, mask, **drafting(source.meta))

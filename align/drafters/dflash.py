@@ -21,12 +21,13 @@ from typing import Any
 import torch
 
 from align.dflash.batch import chunks
+from align.drafters.base import DrafterKind
 from align.errors import AlignError
 
 FAMILY = "dflash"
 
 
-class DFlashDrafter:
+class DFlashDrafter(DrafterKind):
     """Drafts from the verifier's features; ``bind(verifier)`` before each sequence (the decoder does it)."""
 
     family = FAMILY
@@ -127,10 +128,12 @@ def verifier_fingerprint(model: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_verifier(path: str | Path, verifier_model: Any, verifier_name: str) -> None:
-    """Refuse a verifier other than the one a dflash drafter was trained to read (its meta.json says which)."""
-    meta_file = Path(path) / "meta.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+def check_verifier(path: str | Path, verifier_model: Any, verifier_name: str, meta: dict | None = None) -> None:
+    """Refuse a verifier other than the one a dflash drafter was trained to read (its meta.json says which; ``meta``:
+    that file's contents, when already read)."""
+    if meta is None:
+        meta_file = Path(path) / "meta.json"
+        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
     expected = meta.get("verifier_fingerprint")
     if expected is None:
         return  # a base drafter, never trained against any verifier
@@ -139,3 +142,22 @@ def check_verifier(path: str | Path, verifier_model: Any, verifier_name: str) ->
         raise AlignError(f"the dflash drafter {path} reads the hidden states of the verifier {meta.get('verifier')} "
                          f"(fingerprint {expected}), but {verifier_name} is another model (fingerprint {found}); "
                          "pass the verifier it was trained with, or train a drafter for this one")
+
+
+def build(model: Any, source: Any) -> DFlashDrafter:
+    """A :class:`DFlashDrafter` around a loaded feature-conditioned model, for the verifier model it reads
+    (``source.verifier_model``), refused unless it was trained on that verifier and is as wide as it."""
+    from align.features import check_layers
+
+    verifier_model = source.verifier_model
+    if verifier_model is None:
+        raise AlignError(f"the dflash drafter {source.name} drafts from the verifier's hidden states: it needs the "
+                         "verifier model itself")
+    check_verifier(source.folder, verifier_model, source.verifier_name, source.meta)
+    check_layers(verifier_model, model.config.target_layer_ids)
+    width = verifier_model.config.get_text_config().hidden_size
+    if (model.config.target_hidden_size or model.config.hidden_size) != width or model.config.hidden_size != width:
+        raise AlignError(f"the dflash drafter {source.name} is {model.config.hidden_size} wide and reads features "
+                         f"{model.config.target_hidden_size} wide, but the verifier is {width} wide: it shares the "
+                         "verifier's embeddings and head, so both must be the verifier's width")
+    return DFlashDrafter(model, verifier_model, source.vocab)

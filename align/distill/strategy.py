@@ -1,0 +1,348 @@
+"""How each kind of drafter trains: its batches, its forward pass, what decoding drafts from it, and its teacher.
+
+One class per way of training, behind one small interface; the trainer (``align/train.py``) and the benchmarks call
+:func:`train_step` and :func:`heldout_metrics` with whichever the recipe needs (:func:`strategy_for`):
+
+| strategy | drafters | a micro-batch |
+|---|---|---|
+| :class:`WindowStrategy` | bidirectional diffusion drafters (``mdlm``, ``dream``; ``diffusiongemma`` unpacked) | each window its own prefix and canvas, ordered by prefix length |
+| :class:`PackedStrategy` | a causal prefix encoder (``diffusiongemma``) | every window of a rollout from one encoder pass (``align/distill/packing.py``) |
+| :class:`FeatureStrategy` | drafters over the verifier's hidden states (``dflash``) | every window of a rollout in one drafter pass, the verifier's features from its pass or the cache |
+
+A strategy's :meth:`~Strategy.train_logits` is the only part that differs in a training step; the objective, its
+schedule against cross-entropy, the next-token term and exact accumulation are :meth:`Strategy.micro_loss`'s, the
+same for all.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+
+from align.config import Recipe, packing_on
+from align.distill.denoise import advance, denoise_step
+from align.distill.distributed import all_finite, all_reduce
+from align.distill.losses import OBJECTIVES, ce_loss, next_token_loss
+from align.distill.packing import make_packed, next_token_labels, packed_logits, packed_teacher_logits
+from align.distill.windows import by_prefix_length, make_windows, teacher_logits
+from align.drafters.diffusion import FAMILIES
+from align.families import traits
+from align.metrics import expected_streak, walk_blocks
+
+
+def objective_share(recipe: Recipe, step: int) -> float:
+    """Weight of the objective at ``step`` (cross-entropy gets one minus it): 1 throughout (constant), 0 before
+    schedule_fraction · max_steps then 1 (switch), or rising linearly from 0 to 1 over that span (anneal)."""
+    d, span = recipe.distill, recipe.distill.schedule_fraction * recipe.train.max_steps
+    if d.schedule == "constant" or span <= 0:
+        return 1.0
+    if d.schedule == "switch":
+        return 0.0 if step < span else 1.0
+    return min(1.0, step / span)
+
+
+class NonFiniteLoss(Exception):
+    """The loss of a step was not finite on some process (every process raises it together, before any update)."""
+
+
+class Strategy:
+    """What a training step needs of a drafter kind. ``model`` is what runs the drafter (the DeepSpeed engine in
+    training, the bare model in a benchmark); ``rows`` the rollouts (prompt_ids, response_ids); ``verifier`` the
+    frozen verifier when the objective or the kind reads it."""
+
+    name: str
+    packs = False  # the data order keeps each rollout's windows together (groups that share one pass)
+
+    def __init__(self, recipe: Recipe, model: Any, rows: list[dict], vocab: int, mask_id: int | None,
+                 verifier: Any = None, feature_cache: Any = None, device: Any = "cpu"):
+        self.recipe, self.model, self.rows, self.vocab, self.mask_id = recipe, model, rows, vocab, mask_id
+        self.verifier, self.feature_cache, self.device = verifier, feature_cache, device
+        self.lengths = [len(r["response_ids"]) for r in rows]
+        self.gamma = recipe.distill.gamma
+        self.objective = OBJECTIVES[recipe.distill.objective]
+        self.loss_fn = self.objective.bind(recipe.distill)
+        self.temperature = recipe.distill.temperature
+
+    # ------------------------------------------------------------------------------------------ the kind's own
+
+    def batch(self, pairs: torch.Tensor, given: torch.Tensor | None = None, train: bool = False) -> Any:
+        """Windows ``pairs`` (rows of (rollout row, offset)) collated on the device; ``train``: the training layout."""
+        raise NotImplementedError
+
+    def logits(self, batch: Any, self_conditioning: torch.Tensor | None = None, next_token: bool = False) -> Any:
+        """The drafter's logits (N, γ, V_model) for ``batch``'s windows; with ``next_token``, also its prefix pass's
+        next-token logits: ``(logits, those)``."""
+        raise NotImplementedError
+
+    def drafted(self, batch: Any) -> torch.Tensor:
+        """The logits decoding drafts each window's block from (N, γ, V_model)."""
+        return self.logits(batch)
+
+    def arrange(self, windows: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A global batch's windows in the order its micro-batches are cut, and per window the mask rows that hold
+        their labels (a later pass of T; None: none)."""
+        return windows, None
+
+    def eval_order(self, pairs: torch.Tensor) -> torch.Tensor:
+        """The held-out windows in the order their micro-batches are cut."""
+        return pairs
+
+    def train_logits(self, batch: Any, step: int, micro: int, next_token: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One micro-batch's training pass: (logits (N, γ, V), labels (N, γ), the verifier's logits at the same
+        positions when the objective reads them (else None), the next-token logits with ``next_token``)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ shared by all
+
+    def denominators(self, windows: torch.Tensor, given: torch.Tensor | None = None) -> torch.Tensor:
+        """(den of the objective, den of cross-entropy) for a whole global batch, from the window lengths alone (less
+        the rows that hold their labels, ``given``)."""
+        valid = torch.tensor([min(self.gamma, self.lengths[row] - t) for row, t in windows.tolist()],
+                             dtype=torch.float64)
+        if given is not None:
+            valid = valid - given.double()
+        windows_den = torch.tensor(float(len(windows)))
+        return torch.stack([windows_den if self.objective.per_window else valid.sum(), valid.sum()]).float()
+
+    def next_token_denominator(self, windows: torch.Tensor, micro_batch_size: int) -> float:
+        """Response tokens the next-token term reads in a whole global batch: each micro-batch encodes each rollout
+        it holds windows of once (a rollout split over two micro-batches counts twice)."""
+        return float(sum(self.lengths[row] for lo in range(0, len(windows), micro_batch_size)
+                         for row in set(windows[lo:lo + micro_batch_size, 0].tolist())))
+
+    def share(self, step: int) -> float:
+        return objective_share(self.recipe, step)
+
+    def micro_loss(self, batch: Any, step: int, micro: int, dens: torch.Tensor, next_den: float) -> torch.Tensor:
+        """One micro-batch's share of the global batch's loss:
+
+            share · objective.num / dens[0] + (1 − share + ce_weight) · CE.num / dens[1]
+              + next_token_weight · next-token CE.num / next_den
+
+        whose sum over micro-batches and processes is the loss of the whole global batch (exact accumulation)."""
+        d = self.recipe.distill
+        share = self.share(step)
+        ce_share = (1.0 - share) + d.ce_weight
+        logits, labels, teacher, next_logits = self.train_logits(batch, step, micro, bool(d.next_token_weight))
+        loss = torch.zeros((), device=logits.device)
+        if d.next_token_weight:  # the prefix pass as a next-token predictor, every response token a label
+            term = next_token_loss(next_logits[..., :self.vocab], next_token_labels(batch)[1], self.temperature)
+            loss = loss + d.next_token_weight * term.num / next_den
+        if share:
+            loss = loss + share * self.loss_fn(logits, labels, self.temperature, teacher).num / dens[0]
+        if ce_share:
+            loss = loss + ce_share * ce_loss(logits, labels, self.temperature).num / dens[1]
+        return loss
+
+
+class WindowStrategy(Strategy):
+    """Each window its own prefix and canvas (any diffusion family): micro-batches of near prefix lengths, T > 1
+    trained at a step of the denoising schedule (``align/distill/denoise.py``)."""
+
+    name = "window"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.family = FAMILIES[self.recipe.drafter.family]
+
+    def batch(self, pairs, given=None, train=False):
+        d = self.recipe
+        return make_windows(self.rows, pairs, self.gamma, d.data.max_prefix_len, self.family.name, self.mask_id,
+                            self.vocab, d.run.seed, canvas_seed=d.distill.canvas_seed).to(self.device)
+
+    def logits(self, batch, self_conditioning=None, next_token=False):
+        return self.family.canvas_logits(self.model, batch.prefix, batch.prefix_mask, batch.canvas,
+                                         self_conditioning, next_token=next_token)
+
+    def drafted(self, batch):
+        """The canvas's logits; with ``distill.first_token: encoder`` the first row is the prefix pass's next-token
+        prediction."""
+        if self.recipe.distill.first_token == "canvas":
+            return self.logits(batch)
+        logits, first = self.logits(batch, next_token=True)
+        return torch.cat([first[:, None], logits[:, 1:]], dim=1)
+
+    def arrange(self, windows, step):
+        # micro-batches of near prefix lengths pad less; the batch's sums stay the same
+        return by_prefix_length(self.rows, windows, self.recipe.data.max_prefix_len), None
+
+    def eval_order(self, pairs):
+        return by_prefix_length(self.rows, pairs, self.recipe.data.max_prefix_len)
+
+    def teacher_logits(self, batch) -> torch.Tensor:
+        return teacher_logits(self.verifier, batch, self.vocab)
+
+    def train_logits(self, batch, step, micro, next_token):
+        d = self.recipe.distill
+        k, self_conditioning = denoise_step(d.denoise_steps, self.recipe.run.seed, step, micro), None
+        if k:  # T > 1: the canvases decoding has at step k (align/distill/denoise.py)
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            noise = torch.Generator(self.device).manual_seed(
+                zlib.crc32(f"{self.recipe.run.seed}/{step}/{micro}/{rank}".encode()))
+            batch, self_conditioning = advance(lambda b, sc: self.logits(b, sc), batch, k, d.denoise_steps,
+                                               self.family.masked, self.vocab, noise)
+        out = self.logits(batch, self_conditioning, next_token=next_token)
+        logits, next_logits = out if next_token else (out, None)
+        teacher = self.teacher_logits(batch) if self.objective.needs_teacher and self.share(step) else None
+        return logits[..., :self.vocab], batch.labels, teacher, next_logits
+
+
+class PackedStrategy(WindowStrategy):
+    """Every window of a rollout from one pass of a causal prefix encoder (``align/distill/packing.py``): training
+    batches are packed, held-out windows stay one per window (as decoding drafts them)."""
+
+    name = "packed"
+    packs = True
+
+    def batch(self, pairs, given=None, train=False):
+        if not train:
+            return super().batch(pairs)
+        d = self.recipe
+        return make_packed(self.rows, pairs, self.gamma, d.data.max_prefix_len, self.family.name, self.mask_id,
+                           self.vocab, d.run.seed, canvas_seed=d.distill.canvas_seed).to(self.device)
+
+    def logits(self, batch, self_conditioning=None, next_token=False):
+        if hasattr(batch, "slots"):
+            return packed_logits(self.model, batch, self_conditioning, next_token)
+        return super().logits(batch, self_conditioning, next_token)
+
+    def arrange(self, windows, step):
+        return windows, None  # the order's groups share their rollout's encoder pass
+
+    def teacher_logits(self, batch) -> torch.Tensor:
+        return packed_teacher_logits(self.verifier, batch, self.vocab)
+
+
+class FeatureStrategy(Strategy):
+    """A drafter over the verifier's hidden states (``align/dflash/``): every window of a rollout in one drafter
+    pass, training and evaluation alike; the features come from the verifier's pass over the micro-batch (which
+    also gives the objective's teacher logits) or from the feature cache; T > 1 passes trained one pass per
+    window, the rows before it holding their labels."""
+
+    name = "dflash"
+    packs = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        config = getattr(self.model, "module", self.model).config
+        self.layers = config.target_layer_ids
+        self.embed = self.verifier.get_input_embeddings()
+        self.head = self.verifier.get_output_embeddings()
+
+    def batch(self, pairs, given=None, train=False):
+        from align.dflash.batch import make_batch
+
+        return make_batch(self.rows, pairs, self.gamma, given).to(self.device)
+
+    def logits(self, batch, self_conditioning=None, next_token=False):
+        """One verifier pass gives the features (and the objective's teacher logits: ``batch.teacher``), or the
+        feature cache does; then the drafter's pass over every window of every rollout."""
+        from align.dflash.batch import drafter_logits, verifier_pass
+
+        if self.feature_cache is not None:
+            hidden = self.feature_cache.take(batch.rollouts.tolist(), batch.ids.shape[1]).to(self.device)
+        else:
+            hidden, batch.teacher = verifier_pass(self.verifier, self.layers, batch, self.vocab,
+                                                  self.objective.needs_teacher)
+        return drafter_logits(self.model, self.embed, self.head, batch, hidden, self.mask_id, self.vocab)
+
+    def drafted(self, batch):
+        """Its T passes, left to right."""
+        from align.dflash.batch import drafted_logits
+
+        return drafted_logits(self.logits, batch, self.recipe.distill.denoise_steps)
+
+    def arrange(self, windows, step):
+        """Each window trains one of the T passes, drawn uniformly (seeded by run and step)."""
+        steps = self.recipe.distill.denoise_steps
+        if steps <= 1:
+            return windows, None
+        from align.dflash.batch import training_given
+
+        valid = torch.tensor([min(self.gamma, self.lengths[row] - t) for row, t in windows.tolist()])
+        draw = torch.Generator().manual_seed(zlib.crc32(f"given/{self.recipe.run.seed}/{step}".encode()))
+        return windows, training_given(valid, self.gamma, steps, draw)
+
+    def train_logits(self, batch, step, micro, next_token):
+        from align.dflash.batch import uncommitted
+
+        logits = self.logits(batch)[..., :self.vocab]
+        # a later pass of T: the rows it drafts, as a block of their own
+        labels, logits, teacher = uncommitted(batch.given, batch.labels, logits, batch.teacher)
+        return logits, labels, teacher, None
+
+
+#: the ways of training, by name
+STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (WindowStrategy, PackedStrategy, FeatureStrategy)}
+
+
+def strategy_for(recipe: Recipe) -> type[Strategy]:
+    """The strategy a recipe trains with: a drafter that reads the verifier's features, a packed one, or per window."""
+    if traits(recipe.drafter.family).reads_features:
+        return FeatureStrategy
+    return PackedStrategy if packing_on(recipe) else WindowStrategy
+
+
+def train_step(strategy: Strategy, engine: Any, windows: torch.Tensor, step: int, micro_batch_size: int,
+               rank: int = 0, world: int = 1) -> float:
+    """One optimizer step over the global batch ``windows``: its micro-batches (this process's share, the
+    strategy's layout) through forward, the loss and backward, DeepSpeed's accumulation and step. Returns the global
+    batch's loss (summed over processes); raises :class:`NonFiniteLoss`, on every process together, before a
+    non-finite loss updates anything."""
+    windows, given = strategy.arrange(windows, step)
+    dens = strategy.denominators(windows, given)  # known from the labels alone, for the whole batch
+    next_den = strategy.next_token_denominator(windows, micro_batch_size) if \
+        strategy.recipe.distill.next_token_weight else 1.0
+    accumulation = engine.accumulation
+    total = torch.zeros(1, dtype=torch.float64)
+    for micro in range(accumulation):
+        lo = (micro * world + rank) * micro_batch_size
+        part = slice(lo, lo + micro_batch_size)
+        batch = strategy.batch(windows[part], None if given is None else given[part], train=True)
+        loss = strategy.micro_loss(batch, step, micro, dens, next_den)
+        if not all_finite(loss):
+            raise NonFiniteLoss(step)
+        engine.backward(loss * accumulation * world)  # DeepSpeed averages over micro-batches and processes
+        engine.step()
+        total += float(loss.detach())
+    all_reduce(total)
+    return float(total[0])
+
+
+@torch.no_grad()
+def heldout_metrics(strategy: Strategy, pairs: torch.Tensor, micro_batch_size: int, rank: int = 0,
+                    world: int = 1) -> dict:
+    """Held-out windows ``pairs``, drafted as decoding drafts them: E[streak] under q at the deployment temperature,
+    the greedy streak, mean q per position, and (every offset of whole rollouts) ``decoded_accepted``, the windows
+    walked as greedy decoding walks them."""
+    recipe, gamma, vocab = strategy.recipe, strategy.gamma, strategy.vocab
+    mine = pairs[rank::world]
+    sums = torch.zeros(3 + gamma, dtype=torch.float64)
+    streaks = torch.zeros(len(pairs), dtype=torch.float64)  # each window's greedy streak, for walk_blocks
+    for lo in range(0, len(mine), micro_batch_size):
+        batch = strategy.batch(mine[lo:lo + micro_batch_size])
+        logits = strategy.drafted(batch)[..., :vocab].float()
+        valid = batch.labels >= 0
+        logq = (logits / strategy.temperature).log_softmax(-1).gather(-1, batch.labels.clamp(min=0)[..., None])[..., 0]
+        q = logq.exp() * valid
+        greedy = ((logits.argmax(-1) == batch.labels) & valid).long().cumprod(-1).sum(-1)
+        sums[0] += len(batch.labels)
+        sums[1] += float(expected_streak(q).sum())
+        sums[2] += float(greedy.sum())
+        sums[3:] += q.sum(0).double().cpu()
+        streaks[rank::world][lo:lo + len(greedy)] = greedy.double().cpu()
+    all_reduce(sums)
+    all_reduce(streaks)
+    n = max(1.0, float(sums[0]))
+    result = {"expected_streak": float(sums[1]) / n, "greedy_streak": float(sums[2]) / n,
+              "q_per_position": [round(float(x) / n, 4) for x in sums[3:]]}
+    if recipe.distill.stride == 1:  # every offset of each held-out rollout: walk them as greedy decoding does
+        from align.distill.data import streaks_by_rollout
+
+        first = 1 if traits(recipe.drafter.family).reads_features else 0  # its first block follows the prompt pass
+        blocks = [walk_blocks(s, first, recipe.data.max_new_tokens) for s in streaks_by_rollout(pairs, streaks)]
+        result["decoded_accepted"] = sum(a for _, a in blocks) / max(1, sum(b for b, _ in blocks))
+    return result

@@ -1,0 +1,88 @@
+"""The drafters, one file per kind, behind one interface (:class:`~align.drafters.base.DrafterKind`) and one loader.
+
+| kind | file | drafts |
+|---|---|---|
+| ``diffusiongemma``, ``mdlm``, ``dream`` | ``diffusion.py`` | a block in T denoising steps of a diffusion model |
+| ``dflash`` | ``dflash.py`` | a block in one pass of a few layers over the verifier's hidden states |
+| ``ar`` | ``ar.py`` | one token at a time (standard speculative decoding) |
+
+:func:`load_drafter` builds any of them from a folder (an export names its family in meta.json; others are detected),
+for a verifier: every caller (decoding, evaluation, serving, the benchmarks) loads drafters through it. It loads the
+weights as the family's record says (``align.families``), checks the vocabulary against the verifier's, and hands
+the model to the kind's ``build(model, source)``. A new kind is its file here with a ``build`` function, its record
+in ``align.families``, and its line in :data:`BUILDERS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from align.drafters import ar, dflash, diffusion
+from align.drafters.base import DrafterKind
+from align.families import traits
+from align.loading import export_meta, infer_family, load_drafter_model, load_tokenizer, shared_vocab_size
+
+#: family -> the function that builds its drafter from the loaded model and a :class:`Source`
+BUILDERS: dict[str, Callable[[Any, "Source"], DrafterKind]] = {
+    "diffusiongemma": diffusion.build, "mdlm": diffusion.build, "dream": diffusion.build,
+    "dflash": dflash.build, "ar": ar.build,
+}
+
+
+@dataclass
+class Source:
+    """What a kind's ``build`` reads beside the model: where it came from and the verifier it drafts for."""
+
+    folder: str  # the drafter's local folder (a zoo name resolved)
+    name: str  # the drafter as the caller named it, for messages
+    family: str
+    meta: dict  # its meta.json ({} when it is not an export)
+    tokenizer: Any  # the drafter's tokenizer
+    vocab: int  # the vocabulary shared with the verifier (every verifier token has the same id in both)
+    verifier_name: str
+    verifier_model: Any = None  # the loaded verifier, for kinds that share its layers (dflash)
+    mask_token_id: int | None = None  # a masked family's mask token (None: the tokenizer's)
+
+
+def load_drafter(path: str, verifier: str, verifier_model: Any = None, *, family: str | None = None,
+                 dtype: str = "float32", device: Any = None, trust_remote_code: bool = False,
+                 mask_token_id: int | None = None, verifier_tokenizer: Any = None) -> DrafterKind:
+    """The drafter at ``path`` (a folder, a hub name or ``zoo:NAME``) for the verifier ``verifier``, on ``device``.
+
+    ``family`` defaults to what the folder says (an export's meta.json, else its config); the drafter's tokenizer
+    must agree with the verifier's (``verifier_tokenizer``, loaded from ``verifier`` when not given) on every
+    verifier token. ``verifier_model`` is the loaded verifier, which a dflash drafter reads.
+    """
+    from align.zoo import resolve
+
+    folder = resolve(path)
+    family = family or infer_family(folder, trust_remote_code)
+    traits(family)  # an unknown family is refused by name
+    if verifier_tokenizer is None:
+        verifier_tokenizer = load_tokenizer(resolve(verifier), "verifier")
+    model, tokenizer = load_drafter_model(folder, family, dtype, trust_remote_code, device)
+    vocab = shared_vocab_size(tokenizer, verifier_tokenizer, path, verifier)
+    source = Source(folder, path, family, export_meta(folder), tokenizer, vocab, verifier, verifier_model,
+                    mask_token_id)
+    return BUILDERS[family](model, source)
+
+
+def load_pair(drafter_path: str, verifier_path: str, family: str | None = None, dtype: str = "float32",
+              trust_remote_code: bool = False, mask_token_id: int | None = None,
+              drafter_dtype: str | None = None, device: str | None = None) -> tuple[DrafterKind, Any, Any]:
+    """(drafter, :class:`~align.verifier.Verifier`, tokenizer) on ``device`` (default: the accelerator when
+    present), the vocabulary checked."""
+    from align.loading import load_verifier_model
+    from align.machine import default_device
+    from align.verifier import Verifier
+
+    device = device or default_device()
+    verifier_model, tokenizer = load_verifier_model(verifier_path, dtype, device)
+    drafter = load_drafter(drafter_path, verifier_path, verifier_model, family=family, dtype=drafter_dtype or dtype,
+                           device=device, trust_remote_code=trust_remote_code, mask_token_id=mask_token_id,
+                           verifier_tokenizer=tokenizer)
+    return drafter, Verifier(verifier_model), tokenizer
+
+
+__all__ = ["BUILDERS", "DrafterKind", "Source", "load_drafter", "load_pair"]
