@@ -11,14 +11,15 @@ Stages, each timed (``runs/real/stages.json``):
 3. per pair: ``eval.acceptance`` of the adapted (unaligned) and the aligned drafter against the verifier, on the
    probe's eight prompts and on Spec-Bench's questions (the first ``--per-category`` of each category, first turns):
    greedy and sampled (temperature 1), γ 8 and 16, self-selection K 1 and 4 (greedy: the verifier scorer; sampled:
-   recursive rejection over the K drafts), T 1 (``GRIDS``: a part of that grid that 2 CPU cores run in about 40
-   minutes; ``--full`` runs all of it);
+   recursive rejection over the K drafts), T 1 (each pair's ``grids``, align/zoo/pairs.py: a part of that grid
+   that 2 CPU cores run in about 40 minutes; ``--full`` runs all of it);
 4. per pair: greedy losslessness in bfloat16 (exact / near-tie / mismatch), and sampling losslessness at a small
    scale: the first two generated tokens of speculative sampling against the verifier's exact distribution;
 5. ``runs/real/report.md``: the tables (``eval/report.py``) of every evaluation, the probe beside the seed's figures.
 
-With ``--dflash``, the SmolLM2 pair also builds and trains the feature-conditioned drafter
-(``recipes/smollm2-dflash.yaml``, on the same rollouts) and measures it in the same loop as the other two.
+The pairs are records (``align/zoo/pairs.py``): their models, recipes and grids. With ``--dflash``, a pair with
+further drafters (its record's ``more``) builds, trains and measures them too, in the same loop as the other two: the
+SmolLM2 pair's feature-conditioned drafter (``recipes/smollm2-dflash.yaml``, on the same rollouts).
 """
 
 from __future__ import annotations
@@ -33,25 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from align.zoo.pairs import PAIRS, zoo_names  # noqa: E402 (one record per real pair: its models, recipes, grids)
+
 OUT = ROOT / "runs" / "real"
-PAIRS = {  # pair -> recipe
-    "smollm2": "recipes/smollm2-dream.yaml",
-    "gemma3": "recipes/gemma3-diffusiongemma.yaml",
-}
 FULL = ["--gamma", "16,8", "--k", "1,4", "--temperature", "0,1"]  # greedy and sampled, γ 8 and 16, K 1 and 4:
 # the grid a machine with more time runs (python bench/real.py --full)
-GREEDY_16 = ["--gamma", "16", "--k", "1", "--temperature", "0"]
-GRIDS = {  # (pair, suite) -> the settings evaluated, sized so that the evaluations take about 40 minutes on 2 CPU
-    # cores (the full grid would take about two hours: a SmolLM2 prompt-setting-drafter costs about 7 s, a Gemma 3 one
-    # about 25 s, its 262,144-row head being most of every scored and drafted row): SmolLM2 greedy and sampled with
-    # K 1 and 4 at γ 16 on the probe, greedy γ 16 and 8 on Spec-Bench; Gemma 3 greedy, γ 16, K 1 on both
-    ("smollm2", "probe8"): ["--gamma", "16", "--k", "1,4", "--temperature", "0,1"],
-    ("smollm2", "specbench"): ["--gamma", "16,8", "--k", "1", "--temperature", "0"],
-    ("gemma3", "probe8"): GREEDY_16, ("gemma3", "specbench"): GREEDY_16,
-}
-SAMPLES = {"smollm2": 1.0, "gemma3": 1 / 3}  # of --samples, per pair: Gemma 3's sampling check at a third
-ZOO = {"smollm2": ["smollm2-135m-instruct", "smollm2-prompts", "smollm2-dream"],
-       "gemma3": ["smollm2-135m-instruct", "smollm2-prompts", "gemma3-270m", "gemma3-diffusiongemma"]}
 
 
 def run(stage: str, command: list[str], times: dict) -> None:
@@ -65,17 +52,16 @@ def run(stage: str, command: list[str], times: dict) -> None:
         raise SystemExit(f"stage {stage} failed (exit status {done.returncode}); rerun make real: it resumes")
 
 
-DFLASH = {"smollm2": "recipes/smollm2-dflash.yaml"}  # pair -> its feature-conditioned drafter's recipe (--dflash)
-
-
 def evaluate(pair: str, suite: str, per_category: int | None, tokens: int, times: dict, full: bool = False,
-             dflash: bool = False) -> None:
+             more: bool = False) -> None:
     extra = ["--per-category", str(per_category)] if per_category and suite == "specbench" else []
-    if dflash and pair in DFLASH:
-        extra += ["--dflash-drafter", f"runs/{Path(DFLASH[pair]).stem}/final"]
+    if more:
+        for label, recipe in PAIRS[pair].more.items():
+            extra += ["--drafter", f"{label}=runs/{Path(recipe).stem}/final"]
     run(f"eval {pair} {suite}",
         [sys.executable, "-m", "eval.acceptance", "--ckpt", final(pair), "--suite", suite, *extra,
-         *(FULL if full else GRIDS[(pair, suite)]), "--max-new-tokens", str(tokens), "--out", str(OUT / "eval" / f"{pair}-{suite}")], times)
+         *(FULL if full else PAIRS[pair].grids[suite]), "--max-new-tokens", str(tokens),
+         "--out", str(OUT / "eval" / f"{pair}-{suite}")], times)
 
 
 def lossless_bf16(pair: str, tokens: int, times: dict) -> None:
@@ -86,7 +72,7 @@ def lossless_bf16(pair: str, tokens: int, times: dict) -> None:
 
 
 def final(pair: str) -> str:
-    return f"runs/{Path(PAIRS[pair]).stem}/final"
+    return f"runs/{Path(PAIRS[pair].recipe).stem}/final"
 
 
 def main() -> None:
@@ -96,8 +82,10 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--samples", type=int, default=300, help="speculative samples of the sampling check")
     p.add_argument("--eval-only", action="store_true", help="skip the zoo and training stages (already done)")
-    p.add_argument("--dflash", action="store_true", help="also the feature-conditioned drafter of the pairs that have "
-                   "one (" + ", ".join(DFLASH) + "): its zoo model, its training, its evaluation beside the others")
+    p.add_argument("--dflash", action="store_true", help="also the further drafters of the pairs that have them (their "
+                   "records' `more`, align/zoo/pairs.py: " + ", ".join(f"{p.name}: {', '.join(p.more)}" for p in
+                                                                       PAIRS.values() if p.more) +
+                   "): their zoo models, their training, their evaluation beside the others")
     p.add_argument("--full", action="store_true", help="every suite of every pair at the whole grid (greedy and "
                    "sampled, γ 8 and 16, K 1 and 4): about two hours on 2 CPU cores")
     args = p.parse_args()
@@ -108,22 +96,24 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     times = json.loads((OUT / "stages.json").read_text()) if (OUT / "stages.json").is_file() else {}
     if not args.eval_only:
-        names = list(dict.fromkeys(n for pair in pairs for n in ZOO[pair] + (
-            [f"{pair}-dflash"] if args.dflash and pair in DFLASH else [])))
-        for name in names:
+        recipes = {pair: [PAIRS[pair].recipe] + (list(PAIRS[pair].more.values()) if args.dflash else [])
+                   for pair in pairs}
+        names = list(dict.fromkeys(n for pair in pairs for recipe in recipes[pair] for n in zoo_names(recipe)))
+        for name in names:  # what each recipe reads, in build order
             run(f"zoo {name}", [sys.executable, "-m", "align.zoo", "build", name], times)
         for pair in pairs:
-            recipe = PAIRS[pair]
+            recipe = PAIRS[pair].recipe
             run(f"rollouts {pair}", [sys.executable, "-m", "align.rollouts", recipe], times)
             run(f"align {pair}", [sys.executable, "align/train.py", recipe], times)
-            if args.dflash and pair in DFLASH:
-                run(f"align {pair} dflash", [sys.executable, "align/train.py", DFLASH[pair]], times)
+            if args.dflash:
+                for label, more in PAIRS[pair].more.items():
+                    run(f"align {pair} {label}", [sys.executable, "align/train.py", more], times)
     for pair in pairs:
         evaluate(pair, "probe8", None, args.max_new_tokens, times, args.full, args.dflash)
         evaluate(pair, "specbench", args.per_category, args.max_new_tokens, times, args.full, args.dflash)
         lossless_bf16(pair, args.max_new_tokens, times)
         run(f"sampling check {pair}", [sys.executable, "bench/sampling_check.py", "--ckpt", final(pair),
-                                       "--samples", str(round(args.samples * SAMPLES[pair])),
+                                       "--samples", str(round(args.samples * PAIRS[pair].samples)),
                                        "--out", str(OUT / f"{pair}-sampling.json")],
             times)
     from bench.real_report import write_real_report

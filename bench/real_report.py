@@ -12,10 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from align.zoo.pairs import PAIRS
 from eval.report import category_table, cost_table, setting_name, summary_table
-
-PAIR_NAMES = {"smollm2": "SmolLM2-135M-Instruct ← Dream drafter (its first 6 layers, adapted)",
-              "gemma3": "Gemma 3 270M ← DiffusionGemma drafter (its first 6 layers, adapted)"}
 
 
 def _document(folder: Path) -> dict[str, Any] | None:
@@ -94,7 +92,7 @@ def write_real_report(out: Path, pairs: list[str], times: dict[str, float]) -> P
     sections += [f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items()]
     sections.append(f"| **all** | **{sum(times.values()):.0f}** |")
     for pair in pairs:
-        sections += ["", f"## {PAIR_NAMES[pair]}", ""]
+        sections += ["", f"## {PAIRS[pair].title}", ""]
         spec = _document(out / "eval" / f"{pair}-specbench")
         probe = _document(out / "eval" / f"{pair}-probe8")
         if spec:

@@ -99,7 +99,7 @@ def test_diffusiongemma_from_gemma3_encodes_exactly_as_gemma3():
     from align.zoo.derive import diffusiongemma_from_gemma3
 
     verifier = tiny_gemma3()
-    drafter = diffusiongemma_from_gemma3(verifier)
+    drafter, _ = diffusiongemma_from_gemma3(verifier)
     assert isinstance(drafter, Gemma3ValueDiffusionGemma)
     ids = torch.randint(3, 96, (1, 21))
     with torch.no_grad():
@@ -139,7 +139,7 @@ def test_diffusiongemma_from_gemma3_saves_loads_and_decodes_losslessly(tmp_path)
     from align.zoo.derive import diffusiongemma_from_gemma3
 
     verifier = tiny_gemma3()
-    drafter = diffusiongemma_from_gemma3(verifier, layers=3)
+    drafter, _ = diffusiongemma_from_gemma3(verifier, layers=3)
     assert len(drafter.model.decoder.layers) == 3
     tokenizer = tokenizer_for(96)
     drafter.save_pretrained(tmp_path)

