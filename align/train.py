@@ -27,8 +27,7 @@ import zlib
 import torch
 from tqdm.auto import tqdm
 
-from align.config import NEEDS_TEACHER, load_recipe, packing_on, save_recipe
-from align.dflash.cache import FeatureCache, build_cache, cache_key
+from align.config import load_recipe, packing_on, save_recipe
 from align.distill.backend import Engine, list_checkpoints
 from align.distill.data import WindowOrder, heldout_rows, rollout_spans, whole_rollouts, within_vocab
 from align.distill.distributed import barrier, init_distributed
@@ -37,11 +36,8 @@ from align.distill.packing import offsets_per_call
 from align.distill.run import MetricsLog, check_run_folder, fit_micro_batch, freeze_embeddings, stop_on_nonfinite
 from align.distill.strategy import NonFiniteLoss, heldout_metrics, strategy_for, train_step
 from align.distill.windows import window_index
-from align.drafters.dflash import verifier_fingerprint
 from align.errors import AlignError, run_cli
 from align.export import export_checkpoint
-from align.families import traits
-from align.features import check_layers
 from align.files import discard_partial
 from align.loading import (check_model_folder, default_device, load_drafter_model, load_tokenizer, load_verifier_model,
                            shared_vocab_size, usable_cores)
@@ -59,7 +55,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     recipe = load_recipe(args.recipe, args.overrides)
     out = Path(recipe.run.output_dir)
-    d, kind = recipe.drafter, traits(recipe.drafter.family)
+    d = recipe.drafter
     # every input before anything is started, built or loaded: the configs of both models say what they are
     check_model_folder(d.path, "drafter", d.family)
     check_model_folder(recipe.verifier.path, "verifier")
@@ -102,29 +98,16 @@ def main(argv: list[str]) -> int:
               f"windows (gamma {gamma})", flush=True)
 
     # ----------------------------------------------------------------------------------------- models
+    Strategy = strategy_for(recipe)  # how this kind of drafter trains (align/distill/strategy.py)
     teacher = None  # the verifier, frozen: for objectives that read its logits, and drafters that read its features
-    if recipe.distill.objective in NEEDS_TEACHER or kind.reads_features:  # whole on every process, before ZeRO-3
+    if Strategy.needs_verifier(recipe):  # whole on every process, before ZeRO-3 could shard it
         teacher, _ = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype, default_device())
         teacher.requires_grad_(False)
     zero3 = Engine.prepare(recipe, world)  # ZeRO-3: parameters are sharded while the model loads
     weights_dtype = "bfloat16" if recipe.deepspeed.bf16 else "float32"
     model, _ = load_drafter_model(d.path, d.family, weights_dtype, d.trust_remote_code)
-    mask_id = d.mask_token_id if d.mask_token_id is not None else drafter_tokenizer.mask_token_id
-    feature_cache = None  # data.feature_cache: every rollout's verifier features, computed once (lead) and mapped
-    if kind.reads_features:  # the drafter's own config names its mask token and the verifier layers it reads
-        mask_id = model.config.mask_token_id if d.mask_token_id is None else d.mask_token_id
-        check_layers(teacher, model.config.target_layer_ids)
-        data_fingerprint["verifier_fingerprint"] = verifier_fingerprint(teacher)
-        if recipe.data.feature_cache:
-            sequences = [r["prompt_ids"] + r["response_ids"] for r in rows]
-            key = cache_key(data_fingerprint["verifier_fingerprint"], next(teacher.parameters()).dtype,
-                            model.config.target_layer_ids, sequences)
-            if lead:
-                build_cache(teacher, model.config.target_layer_ids, sequences, key)
-            barrier()
-            feature_cache = FeatureCache(key)
-    elif kind.masked and mask_id is None:
-        raise AlignError(f"the {d.family} drafter needs a mask token: its tokenizer has none; set drafter.mask_token_id")
+    prepared = Strategy.prepare(recipe, model, teacher, drafter_tokenizer, rows, lead)  # its mask, its features
+    data_fingerprint.update(prepared["fingerprint"])
     if d.freeze_embeddings:
         freeze_embeddings(model)
     if recipe.lora.r:
@@ -135,7 +118,8 @@ def main(argv: list[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         save_recipe(recipe, out / "recipe.yaml")
     engine = Engine(model, recipe, world)
-    strategy = strategy_for(recipe)(recipe, engine.engine, rows, vocab, mask_id, teacher, feature_cache, engine.device)
+    strategy = Strategy(recipe, engine.engine, rows, vocab, prepared["mask_id"], teacher, prepared["feature_cache"],
+                        engine.device)
     eval_pairs = strategy.eval_order(eval_pairs)
 
     # ----------------------------------------------------------------------------------------- resume

@@ -106,8 +106,11 @@ def _child(config: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.v1.metrics.reader import Vector
 
+    from align.families import FAMILIES
+
     spec = None
-    if config["drafter"] and config.get("family") == "dflash":  # vLLM's own dflash method loads the export as it is
+    kind = FAMILIES.get(config.get("family") or "")
+    if config["drafter"] and kind is not None and kind.reads_features:  # vLLM's own dflash method loads the export
         spec = {"method": "dflash", "model": config["drafter"], "num_speculative_tokens": config["gamma"]}
     elif config["drafter"]:
         spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": config["gamma"]}

@@ -24,6 +24,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
     from tqdm.auto import tqdm
 
     from align.drafters import load_drafter
+    from align.families import traits
     from align.loading import default_device, load_verifier_model
     from align.metrics import DecodeStats, now
     from align.prompts import encode_prompt
@@ -60,7 +61,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
     results = []
     for label, drafter_path in drafters:
         drafter = load_drafter(drafter_path, verifier_path, verifier_model, device=device, verifier_tokenizer=tokenizer)
-        if label == "ar":
+        if traits(drafter.family).autoregressive:
             drafter.expose_draft = not args.resample  # --resample: redraw the draft from its rows
         decoder = SpeculativeDecoder(drafter, verifier, eos)
         decoder.generate(encoded[0], args.max_new_tokens, args.gamma)  # warm-up, untimed

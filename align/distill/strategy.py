@@ -28,6 +28,7 @@ from align.distill.losses import OBJECTIVES, ce_loss, next_token_loss
 from align.distill.packing import make_packed, next_token_labels, packed_logits, packed_teacher_logits
 from align.distill.windows import by_prefix_length, make_windows, teacher_logits
 from align.drafters.diffusion import FAMILIES
+from align.errors import AlignError
 from align.families import traits
 from align.metrics import expected_streak, walk_blocks
 
@@ -66,6 +67,25 @@ class Strategy:
         self.temperature = recipe.distill.temperature
 
     # ------------------------------------------------------------------------------------------ the kind's own
+
+    @classmethod
+    def needs_verifier(cls, recipe: Recipe) -> bool:
+        """Whether training runs the verifier (loaded whole on every process, before ZeRO-3 could shard it): for an
+        objective that reads its logits."""
+        return OBJECTIVES[recipe.distill.objective].needs_teacher
+
+    @classmethod
+    def prepare(cls, recipe: Recipe, model: Any, verifier: Any, tokenizer: Any, rows: list[dict],
+                lead: bool = True) -> dict[str, Any]:
+        """What the kind settles before training, from the loaded drafter: ``mask_id`` (the recipe's, else the
+        tokenizer's; refused where the family masks and there is none), ``fingerprint`` (what the run's data
+        fingerprint adds) and ``feature_cache``."""
+        d = recipe.drafter
+        mask_id = d.mask_token_id if d.mask_token_id is not None else tokenizer.mask_token_id
+        if traits(d.family).masked and mask_id is None:
+            raise AlignError(f"the {d.family} drafter needs a mask token: its tokenizer has none; set "
+                             "drafter.mask_token_id")
+        return {"mask_id": mask_id, "fingerprint": {}, "feature_cache": None}
 
     def batch(self, pairs: torch.Tensor, given: torch.Tensor | None = None, train: bool = False) -> Any:
         """Windows ``pairs`` (rows of (rollout row, offset)) collated on the device; ``train``: the training layout."""
@@ -224,6 +244,34 @@ class FeatureStrategy(Strategy):
 
     name = "dflash"
     packs = True
+
+    @classmethod
+    def needs_verifier(cls, recipe: Recipe) -> bool:
+        return True  # its features are the drafter's context
+
+    @classmethod
+    def prepare(cls, recipe, model, verifier, tokenizer, rows, lead=True):
+        """The drafter's own config names its mask token and the verifier layers it reads (refused where the verifier
+        has no such layer); the run records the verifier's fingerprint (the export refuses any other verifier); with
+        ``data.feature_cache``, every rollout's features are computed once (the lead process) and mapped."""
+        from align.dflash.cache import FeatureCache, build_cache, cache_key
+        from align.distill.distributed import barrier
+        from align.drafters.dflash import verifier_fingerprint
+        from align.features import check_layers
+
+        d, layers = recipe.drafter, model.config.target_layer_ids
+        mask_id = model.config.mask_token_id if d.mask_token_id is None else d.mask_token_id
+        check_layers(verifier, layers)
+        fingerprint = {"verifier_fingerprint": verifier_fingerprint(verifier)}
+        feature_cache = None
+        if recipe.data.feature_cache:
+            sequences = [r["prompt_ids"] + r["response_ids"] for r in rows]
+            key = cache_key(fingerprint["verifier_fingerprint"], next(verifier.parameters()).dtype, layers, sequences)
+            if lead:
+                build_cache(verifier, layers, sequences, key)
+            barrier()
+            feature_cache = FeatureCache(key)
+        return {"mask_id": mask_id, "fingerprint": fingerprint, "feature_cache": feature_cache}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
