@@ -69,8 +69,8 @@ demo: install
 	$(PY) align/train.py recipes/tiny.yaml
 	test -f runs/tiny/ar/meta.json || $(PY) -m align.baseline train --run runs/tiny --out runs/tiny/ar
 	test -f runs/tiny-dflash/final/meta.json || $(PY) align/train.py recipes/tiny-dflash.yaml
-	$(PY) -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld --gamma 16 --ar-drafter runs/tiny/ar \
-		--dflash-drafter runs/tiny-dflash/final --interleave --out runs/tiny/eval
+	$(PY) -m eval.acceptance --ckpt runs/tiny/final --suite tinyworld --gamma 16 --drafter ar=runs/tiny/ar \
+		--drafter dflash=runs/tiny-dflash/final --interleave --out runs/tiny/eval
 
 # the GPU recipes end to end on random-weight replicas of their models, shrunk to run here (bench/rehearse.py)
 rehearse: install vllm-env
