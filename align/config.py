@@ -1,7 +1,7 @@
 """Strict typed recipes: defaults <- YAML <- ``section.key=value`` overrides.
 
 A recipe is one YAML file with one mapping per section below. Every key is declared here, with its type, its
-allowed values and one line of documentation (the README's recipe table is checked against these declarations).
+allowed values and one line of documentation (docs/recipes.md is generated from, and checked against, these declarations).
 Unknown sections or keys, wrong types and out-of-range values raise :class:`RecipeError` naming the key, the value
 and what is allowed. Builders take flat arguments; inner code never sees the whole recipe.
 """
@@ -103,7 +103,8 @@ class DataConfig:
 
 @dataclass
 class DistillConfig:
-    objective: str = option("ce", "Training loss (align/distill/losses.py; the measured ranking: README, Benchmarks).",
+    objective: str = option("ce", "Training loss (align/distill/losses.py; the measured rankings: docs/results.md, "
+                            "Which objective).",
                             choices=tuple(OBJECTIVES))
     gamma: int = option(16, "Block length: canvas positions per window.", min=1, max=256)
     temperature: float = option(1.0, "Deployment temperature applied to the drafter's logits inside q.", min=1e-3)
@@ -194,7 +195,8 @@ class SelectionConfig:
     """Self-selection defaults for evaluating this run's drafter (the eval.acceptance flags override them)."""
 
     k: int = option(1, "Drafts sampled from one drafter pass (1: no self-selection).", min=1, max=256)
-    drafter_temperature: float = option(1.0, "Temperature of the K candidate drafts (1.0 measured best, README: Benchmarks).", min=1e-3)
+    drafter_temperature: float = option(1.0, "Temperature of the K candidate drafts (1.0 measured best: docs/results.md, "
+                                                "Self-selection).", min=1e-3)
     scorer: str = option("verifier", "How candidates are scored (greedy only).",
                          choices=("verifier", "drafter", "oracle"))
     candidates: str = option("iid", "Candidate generator: iid (samples from the marginals) or swap (the argmax draft "
@@ -265,7 +267,7 @@ def save_recipe(recipe: Recipe, path: str | Path) -> None:
 
 
 def recipe_keys() -> list[tuple[str, str, Any, str]]:
-    """(section, key, default, help) for every recipe key: the README's table is checked against this."""
+    """(section, key, default, help) for every recipe key: docs/recipes.md is checked against this."""
     rows = []
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):

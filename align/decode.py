@@ -51,10 +51,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    from align.loading import check_model_folder, trained_steps
+    from align.drafters import ngram
+    from align.loading import check_drafter_folder, check_model_folder, trained_steps
 
     args = parse_args(argv)
-    check_model_folder(args.drafter, "drafter", args.family)  # both before either is built or loaded
+    if not ngram.is_spec(args.drafter):  # both before either is built or loaded: what each config says it is
+        check_drafter_folder(args.drafter, args.family, args.trust_remote_code)
     check_model_folder(args.verifier, "verifier")
     drafter, verifier, tokenizer = load_pair(args.drafter, args.verifier, args.family, args.dtype,
                                              args.trust_remote_code, device=args.device)  # the family: the folder's

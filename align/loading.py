@@ -176,6 +176,19 @@ def check_model_folder(path: str, role: str, family: str | None = None) -> str |
     return str(folder)
 
 
+def check_drafter_folder(path: str, family: str | None = None, trust_remote_code: bool = False,
+                         role: str = "drafter") -> str | None:
+    """:func:`check_model_folder` for a drafter whose family may not be given: a local folder's family is read from
+    it (its meta.json, else its config) and checked against its config, before anything is built or loaded.
+    Returns the family (None for a zoo model still to build or a hub name, whose family is read when it loads)."""
+    folder = check_model_folder(path, role, family)
+    if folder is None or family is not None:
+        return family
+    family = infer_family(folder, trust_remote_code)
+    check_model_folder(path, role, family)
+    return family
+
+
 def _weights(cls: Any, path: str, role: str, **kwargs) -> Any:
     """``cls.from_pretrained(path)``, refusing weights that are unreadable, of other shapes, or missing (which
     ``from_pretrained`` would fill with random values and a warning)."""

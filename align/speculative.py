@@ -1,6 +1,7 @@
 """Speculative decoding with a diffusion drafter: the output is exactly the verifier's own.
 
-Each block: (1) the drafter fills γ positions after the prefix in T denoising steps (one pass when T = 1);
+Each block: (1) the drafter fills γ positions after the prefix in T denoising steps (one pass when T = 1; a
+drafter may stop short of γ, or draft nothing: then the block is one plain verifier step);
 (2) one draft (or K candidates, see ``align.selection``) is taken from its marginals; (3) the verifier scores the
 draft(s) in one forward pass; (4) the acceptance rule keeps the longest valid prefix and adds one token of the
 verifier's own (the correction, or the bonus after a fully accepted block); (5) the verifier's cache is rolled
@@ -131,15 +132,16 @@ class SpeculativeDecoder:
             if g and self.drafter.needs_features(prefix.shape[1]):
                 g = 0  # the verifier runs the prompt first: its features are the drafter's context
             t0 = now(device)
-            if g == 0:  # no room for a draft: one plain verifier step
-                logq, drafts = None, torch.zeros((1, 0), dtype=torch.long, device=device)
+            logq = self.drafter.marginals(prefix, g, steps, temperature, generator)[0] if g else None  # (γ', V)
+            if logq is None or logq.shape[0] == 0:  # no room for a draft, or none drafted: a plain verifier step
+                logq, drafts, g = None, torch.zeros((1, 0), dtype=torch.long, device=device), 0
             else:
-                logq = self.drafter.marginals(prefix, g, steps, temperature, generator)[0]  # (γ, V)
+                g = logq.shape[0]  # a drafter may stop short of γ (prompt lookup, a stop rule)
                 own = self.drafter.draft  # a draft the drafter drew itself: its rows are conditioned on it
                 if own is not None and selection is None:
-                    drafts = own[:1]
+                    drafts = own[:1, :g]
                 else:
-                    drafts = self._drafts(logq, temperature, generator, selection)  # (K, γ)
+                    drafts = self._drafts(logq, temperature, generator, selection)  # (K, γ')
             t2 = now(device)
             logits = self.verifier.score(drafts)  # (K, γ + 1, V)
             t3 = now(device)

@@ -260,16 +260,41 @@ def plain_generation(model: Any):
 
 @torch.no_grad()
 def ar_generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
-                eos_token_ids: list[int] | int | None = None, seed: int = 0) -> list[int]:
+                eos_token_ids: list[int] | int | None = None, seed: int = 0, **options: Any) -> list[int]:
     """The verifier alone (``generate``): greedy at temperature 0, else plain temperature sampling, with nothing
-    taken from the model's own generation config."""
+    taken from the model's own generation config. ``options`` go to ``generate`` as they are: what a user of
+    transformers has besides, e.g. ``prompt_lookup_num_tokens`` (prompt-lookup decoding) or ``assistant_model``
+    (assisted generation)."""
     pad = model.generation_config.pad_token_id
     config = sampling_config(max_new_tokens, temperature, 1.0, eos_token_ids, pad)
     torch.manual_seed(seed)
     ids = torch.tensor([prompt], device=next(model.parameters()).device)
     with plain_generation(model):
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **options)
     return out[0, len(prompt):].tolist()
+
+
+@contextmanager
+def counted_calls(model: Any):
+    """Count ``model``'s forward calls while the block runs: ``with counted_calls(model) as calls: ...; calls[0]``.
+    A call of the verifier yields at least one token, so tokens / calls is τ for any decoding method."""
+    calls = [0]
+
+    def count(module, args, kwargs):
+        calls[0] += 1
+
+    handle = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+def counted_generate(model: Any, prompt: list[int], **kwargs: Any) -> tuple[list[int], int]:
+    """:func:`ar_generate` and the verifier's forward calls it took."""
+    with counted_calls(model) as calls:
+        tokens = ar_generate(model, prompt, **kwargs)
+    return tokens, calls[0]
 
 
 def eos_ids(model: Any, tokenizer: Any) -> list[int]:

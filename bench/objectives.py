@@ -128,6 +128,8 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--extra", default="", help="more overrides for every run, space separated")
+    p.add_argument("--tag", default="", help="a suffix for the runs' folders and result rows, to keep runs made with "
+                   "--extra apart from the plain ones (e.g. --tag _tau0.5)")
     p.add_argument("--out", default=None, help="default runs/bench/objectives-<recipe name>")
     p.add_argument("--limit", type=int, default=96, help="held-out prompts per evaluation (0: all)")
     p.add_argument("--suite", default="tinyworld", help="the eval.acceptance suite the kept runs are decoded on")
@@ -156,11 +158,11 @@ def main() -> None:
         for variant in (args.objectives or DEFAULT_OBJECTIVES[regime]).split(","):
             if variant not in VARIANTS:
                 raise SystemExit(f"unknown objective variant {variant!r}; choose from {', '.join(VARIANTS)}")
-            entry = results.setdefault(f"{regime}/{variant}", {"sweep": {}, "seeds": {}})
+            entry = results.setdefault(f"{regime}/{variant}{args.tag}", {"sweep": {}, "seeds": {}})
             for lr in lrs:  # the learning-rate sweep, seed 0
                 if str(lr) not in entry["sweep"]:
                     start = time.time()
-                    folder = out / f"{regime}-{variant}-lr{lr:g}-s{seeds[0]}"
+                    folder = out / f"{regime}-{variant}{args.tag}-lr{lr:g}-s{seeds[0]}"
                     entry["sweep"][str(lr)] = {**train(args.recipe, folder, regime, variant, lr, seeds[0],
                                                        args.steps, extra), "wall_s": time.time() - start}
                     save()
@@ -172,7 +174,7 @@ def main() -> None:
             best = max(lrs, key=lambda lr: entry["sweep"][str(lr)][metric])
             entry["lr"] = best
             for seed in seeds:
-                folder = out / f"{regime}-{variant}-lr{best:g}-s{seed}"
+                folder = out / f"{regime}-{variant}{args.tag}-lr{best:g}-s{seed}"
                 kept = entry["seeds"].get(str(seed))
                 if kept is None or kept.get("lr") != best or (args.decode and "accepted_mean" not in kept):
                     trained = train(args.recipe, folder, regime, variant, best, seed, args.steps, extra)

@@ -37,14 +37,15 @@ import align
 from align.config import SelectionConfig, build_recipe
 from align.errors import AlignError, run_cli
 from align.files import write_text
-from align.drafters import load_drafter
-from align.loading import check_model_folder, default_device, infer_family, load_verifier_model, trained_steps
+from align.drafters import load_drafter, ngram
+from align.loading import (check_drafter_folder, check_model_folder, default_device, infer_family,
+                           load_verifier_model, trained_steps)
 from align.lossless import lossless_counts
 from align.metrics import now
 from align.prompts import encode_prompt, read_prompt_file
 from align.selection import make_selection
 from align.speculative import SpeculativeDecoder
-from align.verifier import Verifier, ar_generate, eos_ids, verifier_alone
+from align.verifier import Verifier, ar_generate, counted_generate, eos_ids, verifier_alone
 from align.zoo import resolve
 from eval.analysis import PromptRecord, combine_seeds, summarize
 from eval.suites import SUITES, load_suite
@@ -73,6 +74,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dflash-drafter", default=None, help="the same as --drafter dflash=PATH (a feature-conditioned "
                    "drafter trained against the same verifier)")
     p.add_argument("--family", default=None, help="family of --ckpt and --baseline (default: meta.json's, or detected)")
+    p.add_argument("--prompt-lookup", type=int, default=None, metavar="N",
+                   help="also measure transformers' prompt-lookup decoding, generate(prompt_lookup_num_tokens=N): what "
+                        "a user has for free (label 'prompt lookup', beside generate, in the same loop of prompts)")
+    p.add_argument("--assistant", default=None, metavar="PATH",
+                   help="also measure transformers' assisted generation with this causal LM as the assistant, "
+                        "generate(assistant_model=...) (label 'assisted'); --drafter ar=PATH runs it in align's loop")
+    p.add_argument("--assistant-tokens", type=int, default=None, metavar="N",
+                   help="the assistant's draft tokens per step (its generation config's num_assistant_tokens; "
+                        "default: transformers' own, adjusted as it goes)")
     p.add_argument("--suite", default=None, help=f"prompt suite: {', '.join(SUITES)} (default tinyworld)")
     p.add_argument("--prompts", default=None, help='JSONL of {"id", "prompt", "category"?} instead of a suite')
     p.add_argument("--gamma", type=comma_list(int), default=[16], help="block lengths (comma list)")
@@ -124,7 +134,12 @@ def labelled(text: str) -> tuple[str, str]:
     return label.strip(), path.strip()
 
 
-RESERVED = ("aligned", "baseline", "generate", "alone")  # labels the evaluation gives its own jobs
+RESERVED = ("aligned", "baseline", "generate", "alone", "prompt lookup", "assisted")  # the evaluation's own labels
+
+
+def model_path(path: str) -> str | None:
+    """The model folder a drafter path reads (None for prompt lookup alone: ``ngram``; ``ngram+PATH``: PATH)."""
+    return ngram.parse(path)[1] if ngram.is_spec(path) else path
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -164,8 +179,11 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]
     if baseline is not None and baseline.lower() == "none":
         baseline = None
     family = args.family or meta.get("family")
+    if found is not None:  # a local drafter: its config says what it is, before anything else loads or builds
+        family = check_drafter_folder(args.ckpt, family, args.trust_remote_code)
     for path, role, kind in ((verifier, "verifier", None), (baseline, "baseline drafter", family),
-                             *((path, f"drafter '{label}'", None) for label, path in args.drafter)):
+                             (args.assistant, "assistant", "ar"),
+                             *((model_path(path), f"drafter '{label}'", None) for label, path in args.drafter)):
         if path is not None:
             check_model_folder(path, role, kind)
     ckpt = resolve(args.ckpt)  # every input checked: a zoo drafter is built now, if it has to be
@@ -219,10 +237,19 @@ def main(argv: list[str]) -> int:
         references.append(Job("alone", {"temperature": temperature}, seed, partial(
             verifier_alone, verifier, max_new_tokens=args.max_new_tokens, eos_token_ids=eos, temperature=temperature,
             seed=seed)))
+    alternatives = []  # what a user of transformers has besides: generate with prompt lookup, with an assistant
+    for label, options in alternative_options(args, device):
+        ar_generate(verifier_model, encoded[0], args.max_new_tokens, 0.0, eos, **options)  # warm-up, untimed
+        for temperature, seed in itertools.product(args.temperature, args.seed):
+            alternatives.append(Job(label, {"temperature": temperature}, seed, partial(
+                counted_generate, verifier_model, max_new_tokens=args.max_new_tokens, temperature=temperature,
+                eos_token_ids=eos, seed=seed, **options)))
+    references += alternatives
     drafters = [("aligned", ckpt, family)] + ([("baseline", baseline, family)] if baseline else []) + \
         [(label, path, None) for label, path in args.drafter]  # None: the folder says its family
     reference: dict[tuple[float, int], tuple[list[list[int]], float]] = {}  # generate's outputs and seconds
     alone: dict[tuple[float, int], tuple[int, float]] = {}  # the cached loop's tokens and seconds
+    reference_times: dict[tuple[float, int], list[float]] = {}  # generate's seconds per prompt
 
     def run_phase(phase_references: list[Job], phase_drafters: list[tuple[str, str, str]]
                   ) -> tuple[list[dict], list[dict]]:
@@ -239,15 +266,20 @@ def main(argv: list[str]) -> int:
             key = (job.setting["temperature"], job.seed)
             if job.label == "generate":
                 reference[key] = (job.outputs, job.seconds)
-            else:
+                reference_times[key] = job.times
+            elif job.label == "alone":
                 alone[key] = (sum(len(r.tokens) for r in job.outputs), sum(r.total_s for r in job.outputs))
         runs: dict[tuple[str, int], list[dict]] = {}
         saved = []
         for job in jobs[len(phase_references):]:
             records = [PromptRecord(p["id"], p.get("category", "all"), ids, gen.tokens, gen.stats)
                        for p, ids, gen in zip(prompts, encoded, job.outputs)]
-            runs.setdefault((job.label, job.index), []).append(
-                summarize_job(job, records, reference, alone, verifier_model, encoded, suite, verifier_path))
+            summary = summarize_job(job, records, reference, alone, verifier_model, encoded, suite, verifier_path)
+            summary["per_category_speedup_vs_generate"] = category_speedups(
+                prompts, [len(r.output_ids) for r in records], job.times, reference[(job.setting["temperature"],
+                                                                                      job.seed)][0],
+                reference_times[(job.setting["temperature"], job.seed)])
+            runs.setdefault((job.label, job.index), []).append(summary)
             if args.save_outputs:
                 s = job.setting
                 saved += [{"id": r.id, "label": job.label, "gamma": s["gamma"], "steps": s["steps"],
@@ -269,10 +301,13 @@ def main(argv: list[str]) -> int:
         phase_results, phase_saved = run_phase(phase_references, phase_drafters)
         results += phase_results
         saved += phase_saved
+    others = [summarize_alternative(job, prompts, encoded, reference, reference_times, alone, verifier_model)
+              for job in alternatives]
 
     out.mkdir(parents=True, exist_ok=True)
     document = {"environment": environment(args.dtype, device), "suite": suite, "n_prompts": len(prompts),
-                "max_new_tokens": args.max_new_tokens, "results": results}
+                "max_new_tokens": args.max_new_tokens, "results": results,
+                "alternatives": combine_alternatives(others)}
     write_text(out / "acceptance.json", json.dumps(document, indent=1))  # atomically: a kill leaves the old one
     if args.save_outputs:
         write_text(out / "outputs.jsonl", "".join(json.dumps(row) + "\n" for row in saved))
@@ -298,6 +333,7 @@ class Job:
     family: str = ""  # the drafter's family
     outputs: list = field(default_factory=list)
     seconds: float = 0.0
+    times: list[float] = field(default_factory=list)  # seconds per prompt
 
 
 def run_jobs(jobs: list[Job], encoded: list[list[int]], device: str) -> None:
@@ -307,7 +343,8 @@ def run_jobs(jobs: list[Job], encoded: list[list[int]], device: str) -> None:
         for job in jobs:
             start = now(device)
             job.outputs.append(job.run(ids))
-            job.seconds += now(device) - start
+            job.times.append(now(device) - start)
+            job.seconds += job.times[-1]
 
 
 def load_decoder(args, path, family, verifier_model, verifier, tokenizer, verifier_path, eos, device):
@@ -315,7 +352,8 @@ def load_decoder(args, path, family, verifier_model, verifier, tokenizer, verifi
     ``--steps``, else the T the drafter was trained for."""
     drafter = load_drafter(path, verifier_path, verifier_model, family=family, dtype=args.dtype, device=device,
                            trust_remote_code=args.trust_remote_code, verifier_tokenizer=tokenizer)
-    return SpeculativeDecoder(drafter, verifier, eos), settings(args, args.steps or [trained_steps(path)])
+    steps = args.steps or [trained_steps(model_path(path) or path)]
+    return SpeculativeDecoder(drafter, verifier, eos), settings(args, steps)
 
 
 def drafter_jobs(args, label: str, path: str, decoder: SpeculativeDecoder, swept: list[dict]) -> list[Job]:
@@ -356,6 +394,70 @@ def summarize_job(job: Job, records: list[PromptRecord], reference: dict, alone:
         counts = lossless_counts(verifier_model, encoded, [r.output_ids for r in records], ar_outputs)
         summary.update(lossless=counts["mismatch"] == 0, lossless_counts=counts)
     return summary
+
+
+def alternative_options(args: argparse.Namespace, device: str) -> list[tuple[str, dict[str, Any]]]:
+    """(label, ``generate`` options) of the alternatives asked for: prompt lookup, an assistant model."""
+    found = []
+    if args.prompt_lookup:
+        found.append(("prompt lookup", {"prompt_lookup_num_tokens": args.prompt_lookup}))
+    if args.assistant:
+        assistant, _ = load_verifier_model(args.assistant, args.dtype, device, role="assistant")
+        if args.assistant_tokens:
+            assistant.generation_config.num_assistant_tokens = args.assistant_tokens
+        found.append(("assisted", {"assistant_model": assistant}))
+    return found
+
+
+def category_speedups(prompts: list[dict], tokens: list[int], times: list[float], reference: list[list[int]],
+                      reference_times: list[float]) -> dict[str, float]:
+    """Per category: tokens/s of a job over generate's tokens/s on the same prompts."""
+    out: dict[str, float] = {}
+    for category in dict.fromkeys(p.get("category", "all") for p in prompts):
+        rows = [i for i, p in enumerate(prompts) if p.get("category", "all") == category]
+        mine = sum(tokens[i] for i in rows) / max(1e-9, sum(times[i] for i in rows))
+        theirs = sum(len(reference[i]) for i in rows) / max(1e-9, sum(reference_times[i] for i in rows))
+        out[category] = mine / theirs
+    return out
+
+
+def summarize_alternative(job: Job, prompts: list[dict], encoded: list[list[int]], reference: dict,
+                          reference_times: dict, alone: dict, verifier_model) -> dict[str, Any]:
+    """An alternative's speed against generate and the cached loop, its τ (tokens per verifier call) and, greedy,
+    its outputs against generate's."""
+    key = (job.setting["temperature"], job.seed)
+    outputs = [tokens for tokens, _ in job.outputs]
+    calls = sum(c for _, c in job.outputs)
+    tokens = sum(map(len, outputs))
+    generate_outputs, generate_seconds = reference[key]
+    alone_tokens, alone_seconds = alone[key]
+    summary = {"label": job.label, "temperature": job.setting["temperature"], "seed": job.seed,
+               "tokens_per_s": tokens / job.seconds, "tau": tokens / max(1, calls), "verifier_calls": calls,
+               "generate_tokens_per_s": sum(map(len, generate_outputs)) / generate_seconds,
+               "ar_tokens_per_s": alone_tokens / alone_seconds,
+               "per_category_speedup_vs_generate": category_speedups(prompts, [len(o) for o in outputs], job.times,
+                                                                      generate_outputs, reference_times[key]),
+               "lossless": None, "lossless_counts": None}
+    summary["speedup_vs_generate"] = summary["tokens_per_s"] / summary["generate_tokens_per_s"]
+    summary["speedup"] = summary["tokens_per_s"] / summary["ar_tokens_per_s"]
+    if key[0] == 0:
+        counts = lossless_counts(verifier_model, encoded, outputs, generate_outputs)
+        summary.update(lossless=counts["mismatch"] == 0, lossless_counts=counts)
+    return summary
+
+
+def combine_alternatives(rows: list[dict]) -> list[dict]:
+    """One row per alternative and temperature, its seeds combined (mean ± std)."""
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["label"], row["temperature"]), []).append(row)
+    combined = []
+    for group in groups.values():
+        row = combine_seeds(group)
+        for key in ("generate_tokens_per_s", "speedup_vs_generate"):  # mean over seeds, as the others
+            row[key] = sum(r[key] for r in group) / len(group)
+        combined.append(row)
+    return combined
 
 
 def through_vllm(args: argparse.Namespace, ckpt: str, baseline: str | None, verifier_path: str, family: str,

@@ -69,6 +69,49 @@ def summary_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def alternatives_table(document: dict[str, Any]) -> str:
+    """Every method of the run against HF generate: the alternatives a user already has (prompt lookup, an
+    assistant model, through generate) and the drafters through align's loop (each at its first setting, greedy and
+    sampled apart), with τ where it can be counted and the outputs against generate's."""
+    lines = ["| method | temperature | tokens/s | speedup vs generate | speedup vs the cached loop | τ (tokens per "
+             "verifier call) | outputs equal to generate's |", "|---|---|---|---|---|---|---|"]
+    rows = list(document.get("alternatives") or [])
+    for temperature in dict.fromkeys(r["temperature"] for r in document["results"]):
+        main = _main([r for r in document["results"] if r["temperature"] == temperature])
+        rows += [dict(r, label=f"{label} ({setting_name(r)})") for label, r in main.items()]
+    generate = {}
+    for r in rows:
+        generate.setdefault(r["temperature"], r["generate_tokens_per_s"])
+    for temperature, rate in generate.items():
+        lines.append(f"| generate (the verifier alone) | {temperature:g} | {rate:.1f} | 1.00 | - | 1.00 | - |")
+    for r in sorted(rows, key=lambda r: (r["temperature"], -r["speedup_vs_generate"])):
+        lossless = {True: "yes", False: "NO", None: "n/a (sampling)"}[r["lossless"]]
+        lines.append(f"| {r['label']} | {r['temperature']:g} | {_pm(r, 'tokens_per_s', '{:.1f}')} | "
+                     f"{r['speedup_vs_generate']:.2f} | {_pm(r, 'speedup')} | {_pm(r, 'tau')} | {lossless} |")
+    return "\n".join(lines)
+
+
+def category_speed_table(document: dict[str, Any]) -> str:
+    """Per category, each method's tokens/s over generate's on the same prompts, at the run's lowest temperature:
+    where each one wins."""
+    temperature = min(r["temperature"] for r in document["results"])
+    rows = [r for r in document.get("alternatives") or [] if r["temperature"] == temperature]
+    main = _main([r for r in document["results"] if r["temperature"] == temperature])
+    rows += [dict(r, label=label) for label, r in main.items()]
+    rows = [r for r in rows if r.get("per_category_speedup_vs_generate")]
+    if not rows:
+        return "(no per-category speeds)"
+    cats = list(rows[0]["per_category_speedup_vs_generate"])
+    lines = ["| category | " + " | ".join(r["label"] for r in rows) + " |", "|---|" + "---|" * len(rows)]
+    for cat in cats:
+        values = [r["per_category_speedup_vs_generate"].get(cat) for r in rows]
+        best = max((v for v in values if v is not None), default=None)
+        lines.append(f"| {cat} | " + " | ".join("-" if v is None else (f"**{v:.2f}**" if v == best else f"{v:.2f}")
+                                                  for v in values) + " |")
+    lines.append(f"| **all** | " + " | ".join(f"{r['speedup_vs_generate']:.2f}" for r in rows) + " |")
+    return "\n".join(lines)
+
+
 def cost_table(results: list[dict[str, Any]]) -> str:
     """Where a block's time goes, in steps of the verifier-alone loop (1 step = 1 / its tokens/s), and the cost
     model's speedup beside the measured one:
@@ -262,6 +305,12 @@ def write_report(document: dict[str, Any], out: Path) -> list[Path]:
                 "than the minimal loop, and `speedup vs generate` then flatters.",
                 "",
                 "## Summary", "", summary_table(results), "",
+                "## Against what a user already has", "", "Every method of this run against Hugging Face `generate`, "
+                "each prompt through all of them in turn with `--interleave`: the alternatives through `generate` "
+                "itself (prompt lookup, an assistant model: `--prompt-lookup`, `--assistant`), and the drafters "
+                "through align's loop. τ counts the verifier's forward calls.", "", alternatives_table(document), "",
+                "Speedup over `generate` per category (the best of each row in bold):", "",
+                category_speed_table(document), "",
                 "## Cost of a block", "", "Mean wall time per block (speculative loop) split into the drafter's "
                 "pass and the verifier's scoring pass, and the block's cost in steps of the verifier-alone loop; the "
                 "cost model's speedup τ / cost should match the measured one, and τ / c_verify bounds what a free "

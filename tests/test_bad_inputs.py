@@ -241,3 +241,29 @@ def test_on_an_empty_cache_a_mistake_is_refused_before_anything_is_built(case, t
     command, argv, words = EMPTY_CACHE[case]
     _refused(capsys, command, argv, words, _world(tmp_path))
     assert not any(cache.iterdir()), sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+
+
+@pytest.mark.parametrize("case", ["train-verifier-as-drafter", "train-drafter-as-verifier", "eval-verifier-as-drafter",
+                                  "decode-verifier-as-drafter", "decode-drafter-as-verifier"])
+def test_on_an_empty_cache_a_model_of_the_wrong_kind_is_refused_before_anything_is_built(case, model_dirs, tmp_path,
+                                                                                         capsys, monkeypatch):
+    """A causal LM given as the drafter, or a diffusion drafter as the verifier, beside zoo models the empty cache
+    would have to build: what each folder's config says is read first, so the mistake costs no build."""
+    cache = tmp_path / "empty-cache"
+    cache.mkdir()
+    monkeypatch.setenv("ALIGN_CACHE", str(cache))
+    causal, diffusion = str(model_dirs["verifier"]), str(model_dirs["diffusiongemma"])
+    command, argv, words = {
+        "train-verifier-as-drafter": ("train", ["recipes/tiny.yaml", f"drafter.path={causal}"],
+                                      "not a diffusiongemma drafter"),
+        "train-drafter-as-verifier": ("train", ["recipes/tiny.yaml", f"verifier.path={diffusion}"],
+                                      "not a causal language model"),
+        "eval-verifier-as-drafter": ("eval", ["--ckpt", causal, "--verifier", "zoo:tiny-verifier"],
+                                     "causal language model"),
+        "decode-verifier-as-drafter": ("decode", ["--drafter", causal, "--verifier", "zoo:tiny-verifier", "--prompt",
+                                                  "hi"], "causal language model"),
+        "decode-drafter-as-verifier": ("decode", ["--drafter", "zoo:tiny-diffusiongemma", "--verifier", diffusion,
+                                                  "--prompt", "hi"], "not a causal language model"),
+    }[case]
+    _refused(capsys, command, argv, words, _world(tmp_path))
+    assert not any(cache.iterdir()), sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))

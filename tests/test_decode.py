@@ -36,11 +36,34 @@ def test_cli_decodes_one_prompt_losslessly(model_dirs):
     assert stats["tau"] == pytest.approx(stats["accepted_mean"] + 1) and len(stats["per_position"]) == 4
 
 
-def test_text_output_marks_accepted_blocks(model_dirs, capsys):
-    assert decode(["--drafter", str(model_dirs["mdlm"]), "--verifier", str(model_dirs["verifier"]), "--prompt",
-                   "Explain why the sky is blue", "--gamma", "4", "--max-new-tokens", "10", "--k", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "accepted_mean" in out and "tau" in out and "speedup" in out and "lossless True" in out
+def test_text_output_marks_accepted_blocks(model_dirs, capsys, monkeypatch):
+    """The printed text is the generation piece by piece, each block's accepted draft tokens in [brackets] and the
+    verifier's own token after them; with prompt lookup on a verifier that repeats itself, some drafts are
+    accepted and marked."""
+    from transformers import AutoTokenizer
+
+    from align.speculative import SpeculativeDecoder
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dirs["verifier"])
+    made = []
+    real = SpeculativeDecoder.generate
+
+    def recording(self, *args, **kwargs):
+        made.append(real(self, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", recording)
+    for drafter in (str(model_dirs["mdlm"]), "ngram"):
+        made.clear()
+        assert decode(["--drafter", drafter, "--verifier", str(model_dirs["verifier"]), "--prompt",
+                       "Explain why the sky is blue", "--gamma", "4", "--max-new-tokens", "64"]) == 0
+        out = capsys.readouterr().out
+        assert "accepted_mean" in out and "tau" in out and "speedup" in out and "lossless True" in out
+        pieces = made[-1].pieces  # the timed generation's blocks
+        expected = "".join((f"[{tokenizer.decode(kept)}]" if tokenizer.decode(kept) else "")
+                           + ("" if token is None else tokenizer.decode([token])) for kept, token in pieces)
+        assert out.splitlines()[0] == expected.splitlines()[0]
+    assert any(kept for kept, _ in pieces) and "[" in out.splitlines()[0]  # lookup's accepted drafts, marked
 
 
 def test_drafter_with_another_tokenizer_is_refused_naming_both(model_dirs, tmp_path):

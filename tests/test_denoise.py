@@ -61,10 +61,28 @@ def test_packed_windows_reach_the_same_step_k():
 
 
 @pytest.mark.parametrize("family", ["diffusiongemma", "mdlm"])
-def test_steps_are_drawn_per_micro_batch_and_the_trainer_runs_them(family, model_dirs, world_prompts, tmp_path):
+def test_steps_are_drawn_per_micro_batch_and_the_trainer_runs_them(family, model_dirs, world_prompts, tmp_path,
+                                                                    monkeypatch):
+    """Each micro-batch trains at a step of the schedule drawn from its run, step and micro-batch; the trainer runs
+    the drawn steps' passes (advance at k = 1 and 2, on the family's canvases), and the export says its T."""
+    import json
+
+    import align.distill.strategy as strategy
+
     drawn = [denoise_step(3, 0, step, micro) for step in range(4) for micro in range(2)]
     assert set(drawn) == {0, 1, 2} and drawn == [denoise_step(3, 0, s, m) for s in range(4) for m in range(2)]
     assert denoise_step(1, 0, 5, 0) == 0
+    ran = []
+    real = strategy.advance
+
+    def spy(forward, batch, k, steps, masked, *args, **kwargs):
+        ran.append((k, steps, masked))
+        return real(forward, batch, k, steps, masked, *args, **kwargs)
+
+    monkeypatch.setattr(strategy, "advance", spy)
     out = tmp_path / "run"
     assert run_main(overrides(model_dirs, world_prompts, out, family, **{"distill.denoise_steps": 3})) == 0
-    assert (out / "final" / "config.json").is_file()
+    trained = [denoise_step(3, 0, step, micro) for step in range(4) for micro in range(2)]
+    assert sorted(k for k, _, _ in ran) == sorted(k for k in trained if k)  # every drawn k > 0, run once
+    assert {(steps, masked) for _, steps, masked in ran} == {(3, family == "mdlm")}
+    assert json.loads((out / "final" / "meta.json").read_text())["denoise_steps"] == 3

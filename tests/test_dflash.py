@@ -223,6 +223,29 @@ def test_sampling_is_the_verifiers_distribution(k, steps):
     assert chi_square_p(counts, exact_distribution(verifier, 1.0, prompt, vocab), n) > 1e-3
 
 
+def test_the_check_rejects_a_draft_drawn_at_another_temperature():
+    """Two passes keep the drafter's own draft, drawn row by row at the decoding temperature from the rows it
+    returns. A drafter that draws its draft at temperature 1 whatever the decoding temperature (the rows then are
+    not the q its tokens were drawn from) leaves the verifier's distribution, and the same check sees it."""
+    vocab, prompt = 8, [4, 5, 6]
+    verifier, model = pair(3, vocab)
+    with torch.no_grad():  # peaked rows (a random drafter's are nearly flat): the temperature of q then matters
+        model.norm.weight.mul_(60)
+
+    class Temperature1(DFlashDrafter):
+        def marginals(self, prefix, gamma, steps=1, temperature=0.0, generator=None):
+            return super().marginals(prefix, gamma, steps, 1.0, generator)  # the bug: the temperature ignored
+
+    for drafter, expected in ((DFlashDrafter(model, verifier, vocab), "lossless"),
+                              (Temperature1(model, verifier, vocab), "broken")):
+        decoder = SpeculativeDecoder(drafter, Verifier(verifier), [])
+        n = 3_000
+        counts = Counter(tuple(decoder.generate(prompt, 3, gamma=2, steps=2, temperature=0.5, seed=s).tokens)
+                         for s in range(n))
+        p = chi_square_p(counts, exact_distribution(verifier, 0.5, prompt, vocab), n)
+        assert p > 1e-3 if expected == "lossless" else p < 1e-6, (expected, p)
+
+
 def test_a_different_verifier_is_refused(tmp_path):
     verifier, _ = pair(0)
     other, _ = pair(1)

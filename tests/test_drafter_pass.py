@@ -82,12 +82,22 @@ MODELS = {
 GROWTH = [20, 1, 5, 0, 17, 1, 0, 9]
 
 
-def close(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Equal up to float32 rounding in another order, which grows with depth and depends on the CPU's kernels: the
-    replica's 6 layers (logits up to 0.7) differ by up to 1.7e-3 from the model's forward on one machine, where the
-    model's own forward on 1 and on 2 threads differs by 1.1e-3 (elsewhere both ~3e-4). A misordered norm, a wrong
-    window or a missing row moves logits by a tenth or more."""
-    torch.testing.assert_close(a, b, rtol=1e-3, atol=3e-3)
+def close(a: torch.Tensor, b: torch.Tensor, first: bool = False) -> None:
+    """Equal within float rounding. ``first``: the first call of a pass, what its check at run time compares, within
+    that check's own bound (``DiffusionGemmaPass.TOLERANCE``, relative to 1 + the largest value). Later calls (a
+    cache grown over several calls, self-conditioning on the previous logits) within ``LATER`` of 1 + the largest
+    value: on the replica of diffusiongemma-26B-A4B (6 layers, 8 experts, logits up to 0.7) the model's own forward
+    on 1 and on 2 threads differs by up to 1.1e-3 a few calls in, 7e-4 of 1 + its largest logit, and the lean pass by
+    up to 1.7e-3 (1.1e-3 of it); ``LATER`` is twice the latter. A misordered norm, a wrong window or a missing row
+    moves logits by a tenth or more."""
+    table = DiffusionGemmaPass.TOLERANCE
+    tolerance = table.get(b.dtype, table[None]) if first or b.dtype != torch.float32 else LATER
+    assert a.shape == b.shape, (a.shape, b.shape)
+    worst, allowed = float((a - b).abs().max()), tolerance * (1 + float(b.abs().max()))
+    assert worst <= allowed, f"differs by {worst:.3g}, more than {allowed:.3g}"
+
+
+LATER = 2.2e-3
 
 
 def encoder_next(model, encoded) -> torch.Tensor:
@@ -127,14 +137,14 @@ def test_lean_pass_equals_the_model_forward(name, next_token):
         if next_token:
             got, after = got
             if grow:
-                close(after, encoder_next(model, encoded))
+                close(after, encoder_next(model, encoded), first=step == 0)
             else:
                 assert after is None
-        close(got, expected)
+        close(got, expected, first=step == 0)
         for mine, reference in zip(ours.layers, theirs.layers):  # the same keys and values, the same window
             assert mine.keys.shape == reference.keys.shape
-            close(mine.keys, reference.keys)
-            close(mine.values, reference.values)
+            close(mine.keys, reference.keys, first=step == 0)
+            close(mine.values, reference.values, first=step == 0)
         previous = expected
     text = model.config.text_config
     assert "sliding_attention" not in text.layer_types or length > 2 * text.sliding_window

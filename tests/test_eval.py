@@ -87,12 +87,27 @@ def test_sampling_sweep_marks_lossless_as_not_applicable(exported, world_prompts
     assert all(r["lossless"] is None for r in results)
 
 
-def test_suites_load(tmp_path):
-    from eval.suites import load_suite, read_specbench
+def test_suites_load():
+    from eval.suites import load_suite
 
     probe = load_suite("tinyworld-probe")
     assert len(probe) == 8 and probe[2]["prompt"] == "The capital of France is"
     assert len({p["category"] for p in load_suite("tinyworld")}) == 7
+
+
+def test_a_broken_specbench_file_is_refused_naming_its_line(tmp_path):
+    from eval.suites import read_specbench
+
+    broken = tmp_path / "q.jsonl"
+    broken.write_text('{"question_id": 1, "category": "x", "turns": ["hi"]}\n{"question_id": 2}\n')
+    with pytest.raises(AlignError, match="q.jsonl:2"):
+        read_specbench(broken)
+
+
+def test_the_shared_suites_load():
+    """Spec-Bench's 480 questions and the probe's eight prompts, read from ../shared/data."""
+    from eval.suites import load_suite
+
     shared = ROOT.parent / "shared" / "data"
     if not (shared / "spec_bench" / "question.jsonl").is_file():
         pytest.skip("../shared/data is not here")
@@ -101,10 +116,6 @@ def test_suites_load(tmp_path):
         s["category"] for s in spec}
     assert spec[0]["prompt"].startswith("Compose an engaging travel blog post")
     assert [p["prompt"] for p in load_suite("probe8")][0] == "Translate 'good morning' into Spanish"
-    broken = tmp_path / "q.jsonl"
-    broken.write_text('{"question_id": 1, "category": "x", "turns": ["hi"]}\n{"question_id": 2}\n')
-    with pytest.raises(AlignError, match="q.jsonl:2"):
-        read_specbench(broken)
 
 
 def test_bad_input_is_one_line_and_nonzero(exported, model_dirs, world_prompts, tmp_path):

@@ -3,8 +3,14 @@ two-process run, and a file size limit during a save (one process, and one rank 
 again. Each trial must end with a complete, correct result; on CPU with a fixed seed a resumed run's final weights
 equal an uninterrupted run's.
 
-``make test`` runs one trial of each; ``make test-faults`` runs ``ALIGN_FAULT_TRIALS`` (default there: 5) and prints
-the table of outcomes when the module ends.
+Every kill waits for the work it interrupts to have begun (a file the process writes: a partial checkpoint, the
+training's first checkpoint, the export's partial folder, the evaluation's progress line) and each trial asserts that
+the interrupted state was reached (a process killed before it finished, with its work half done), so that no trial
+passes by killing an import or a finished process.
+
+``make test`` runs one trial of the export kill; the others are marked ``slow`` (``make test-all`` runs one trial of
+each, ``make test-faults`` runs ``ALIGN_FAULT_TRIALS``, default there 5, and prints the table of outcomes when the
+module ends).
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,16 +36,29 @@ TRIALS = int(os.environ.get("ALIGN_FAULT_TRIALS", "1"))
 OUTCOMES: list[tuple[str, str, int, str]] = []  # (fault, stage, trial, outcome)
 
 
-def _kill_at_random(cmd: list[str], rng: random.Random, lo: float, hi: float, ready=None) -> str:
-    """Start ``cmd``; once ``ready()`` holds (or at once), kill -9 it after U(lo, hi) seconds. Returns its output."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _kill_at_random(cmd: list[str], rng: random.Random, lo: float, hi: float, ready, poll: float = 0.01
+                    ) -> tuple[bool, str]:
+    """Start ``cmd``; once ``ready(output so far)`` holds (its work has begun), kill -9 it after U(lo, hi) seconds.
+    Returns whether the kill landed (the process was still running and had begun) and its output."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: list[str] = []  # what it printed so far (progress bars redraw with \r, so chunks, not lines)
+    reader = threading.Thread(target=lambda: lines.extend(
+        chunk.decode(errors="replace") for chunk in iter(lambda: os.read(proc.stdout.fileno(), 4096), b"")),
+        daemon=True)
+    reader.start()
     deadline = time.time() + 300
-    while ready is not None and not ready() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
+    begun = False
+    while proc.poll() is None and time.time() < deadline:
+        if ready("".join(lines)):
+            begun = True
+            break
+        time.sleep(poll)
     time.sleep(rng.uniform(lo, hi))
+    landed = begun and proc.poll() is None
     proc.send_signal(signal.SIGKILL)
-    out, _ = proc.communicate()
-    return out
+    proc.wait()
+    reader.join(timeout=10)
+    return landed, "".join(lines)
 
 
 def _same_weights(a: Path, b: Path) -> bool:
@@ -79,8 +100,12 @@ def test_kill_during_training_and_its_saves_then_rerun(straight, model_dirs, wor
                                                         "train.keep_checkpoints": 2})
     cmd = [sys.executable, str(ROOT / "align" / "train.py"), "recipes/tiny.yaml", *args]
     rng = random.Random(trial)
-    saving = lambda: (out / "checkpoints").is_dir() and any((out / "checkpoints").glob(".step-*.partial"))  # noqa: E731
-    _kill_at_random(cmd, rng, 0.0, 0.05 if trial % 2 == 0 else 1.5, ready=saving if trial % 2 == 0 else None)
+    saving = lambda _: (out / "checkpoints").is_dir() and any((out / "checkpoints").glob(".step-*.partial"))  # noqa: E731
+    training = lambda _: (out / "checkpoints" / "step-1").is_dir()  # noqa: E731 (the loop has run a step)
+    # even trials: within 50 ms of a save starting; odd ones: at a random moment of the loop, after its first save
+    landed, _ = _kill_at_random(cmd, rng, 0.0, 0.05 if trial % 2 == 0 else 1.5,
+                                ready=saving if trial % 2 == 0 else training, poll=0.002)
+    assert landed and not (out / "final").exists()  # killed in the loop: the run was interrupted, not finished
     finished = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     assert _same_weights(straight / "final", out / "final")
@@ -92,9 +117,17 @@ def test_kill_during_training_and_its_saves_then_rerun(straight, model_dirs, wor
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_kill_during_export_then_rerun(straight, tmp_path, trial):
     target = tmp_path / "exported"
+    partial = target.with_name(target.name + ".partial")
     cmd = [sys.executable, "-m", "align.export", str(straight / "checkpoints" / "step-6"), str(target)]
-    _kill_at_random(cmd, random.Random(100 + trial), 0.5, 6.0)
-    assert not target.exists() or (target / "meta.json").is_file()  # absent, or complete (renamed into place)
+    rng = random.Random(100 + trial)
+    for attempt in range(20):  # until a kill lands while the export writes (its partial folder exists)
+        landed, _ = _kill_at_random(cmd, rng, 0.0, 0.02, ready=lambda _: partial.is_dir(), poll=0.0005)
+        if landed and partial.is_dir() and not target.exists():
+            break
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        pytest.fail("no kill landed while the export was writing")
+    assert not target.exists()  # the interrupted write left no export behind, only its partial folder
     finished = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert _same_weights(straight / "final", target)
@@ -110,8 +143,11 @@ def test_kill_during_evaluation_then_rerun(exported, world_prompts, tmp_path, tr
     first = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     before = json.loads((out / "acceptance.json").read_text())
-    _kill_at_random(cmd, random.Random(200 + trial), 1.0, 12.0)
-    assert json.loads((out / "acceptance.json").read_text())["results"]  # the old report, whole, or a new one
+    stamp = (out / "acceptance.json").stat().st_mtime_ns
+    decoding = lambda output: "aligned" in output and "%" in output  # noqa: E731 (the jobs' progress bar is up)
+    landed, _ = _kill_at_random(cmd, random.Random(200 + trial), 0.0, 1.0, ready=decoding)
+    assert landed and (out / "acceptance.json").stat().st_mtime_ns == stamp  # killed while decoding: nothing written
+    assert json.loads((out / "acceptance.json").read_text())["results"]  # the old report, whole
     again = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     after = json.loads((out / "acceptance.json").read_text())

@@ -43,6 +43,17 @@ def test_smollm2_converts_into_an_ordinary_checked_folder(smollm2):
     assert "Paris" in answer
 
 
+def check_blocks(blocks, gamma: int, max_new_tokens: int, tokens: int, prompt_first: bool = False) -> None:
+    """Every verifier call drafted γ tokens, or what room the length limit left (none for the prompt's pass of a
+    drafter that reads the verifier's features), and the calls' tokens add up to the output."""
+    made = 0
+    for i, block in enumerate(blocks):
+        room = 0 if prompt_first and i == 0 else min(gamma, max_new_tokens - made - 1)
+        assert block.gamma == room and 0 <= block.accepted <= room, (i, block)
+        made += block.produced
+    assert made >= tokens > made - blocks[-1].produced
+
+
 def test_a_dream_drafter_from_smollm2_decodes_losslessly(smollm2):
     """Unadapted, two layers: it drafts poorly, and the output is still the verifier's, token for token."""
     from transformers import AutoTokenizer
@@ -63,7 +74,7 @@ def test_a_dream_drafter_from_smollm2_decodes_losslessly(smollm2):
         prompt = encode_prompt(tokenizer, text)
         out = decoder.generate(prompt, 16, gamma=8)
         assert out.tokens == ar_generate(model, prompt, 16, eos_token_ids=eos)
-        assert out.stats.blocks  # it drafted
+        check_blocks(out.stats.blocks, 8, 16, len(out.tokens))
 
 
 def test_a_dflash_drafter_for_smollm2_reads_its_layers_and_decodes_losslessly(smollm2):
@@ -92,7 +103,7 @@ def test_a_dflash_drafter_for_smollm2_reads_its_layers_and_decodes_losslessly(sm
         prompt = encode_prompt(tokenizer, text)
         out = decoder.generate(prompt, 16, gamma=8)
         assert out.tokens == ar_generate(model, prompt, 16, eos_token_ids=eos)
-        assert out.stats.blocks
+        check_blocks(out.stats.blocks, 8, 16, len(out.tokens), prompt_first=True)  # its features need a pass
 
 
 def test_missing_packages_and_wrong_checksums_are_one_clear_error(monkeypatch, tmp_path):

@@ -114,3 +114,41 @@ def test_the_two_sample_check_tells_one_distribution_from_another():
     assert homogeneity(sample(p), sample(q))[0] < 1e-6
     assert homogeneity(Counter({0: 50}), Counter({0: 70}))[1] == 1  # one outcome: one cell, no evidence either way
     assert homogeneity(Counter({0: 3, 1: 2}), Counter({0: 2, 1: 3}))[1] == 1  # too few samples: merged into one
+
+
+def test_prompt_lookup_samples_match_the_verifier():
+    """Sampling with prompt lookup (one-hot rows: the draft is deterministic given the prefix) follows the
+    verifier's distribution, and drafts were made: the prompt repeats, so lookup proposes at every step."""
+    from align.drafters.ngram import NGramDrafter
+    from stubs import StubCausalLM
+
+    verifier = StubCausalLM(V, seed=3)
+    prompt = [4, 5, 6, 4, 5, 6, 4, 5, 6]
+    probs = exact_distribution(verifier, 1.0, prompt)
+    decoder = SpeculativeDecoder(NGramDrafter(V, 3), Verifier(verifier), eos_token_ids=None)
+    outs = [decoder.generate(prompt, N_TOKENS, gamma=2, temperature=1.0, seed=s) for s in range(6000)]
+    counts = Counter(tuple(o.tokens) for o in outs)
+    assert chi_square_p(counts, probs, len(outs)) > 1e-3
+    assert sum(b.gamma for o in outs for b in o.stats.blocks) > len(outs)  # lookup drafted
+
+
+def test_the_check_rejects_drafting_in_steps_with_a_q_its_draft_was_not_drawn_from(monkeypatch):
+    """T > 1: the check sees that q must be the distribution each draft token was drawn from. A drafter that
+    drafts the tokens it committed at an earlier step (drawn from that step's rows) but reports the last step's
+    rows as q leaves the verifier's distribution, and the same check as test_engine_samples_match_the_verifier
+    fails."""
+    import align.drafters.diffusion as diffusion
+
+    verifier, drafter = models()
+
+    def soft(logq, canvas, committed):  # the bug: committed rows are not one-hot at what was committed
+        drawn = torch.multinomial((logq[0] / 0.7).softmax(-1), 1, generator=torch.Generator().manual_seed(
+            int(canvas.sum())))[:, 0]
+        drafter.draft = torch.where(committed, canvas, drawn[None])
+        return logq
+
+    monkeypatch.setattr(diffusion, "as_drawn", soft)
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    n = 6_000
+    counts = sample(decoder, n, 0.7, 2)
+    assert chi_square_p(counts, exact_distribution(verifier, 0.7), n) < 1e-6

@@ -124,3 +124,39 @@ def test_unsafe_sampling_combinations_are_refused():
             decoder.generate(PROMPT, 3, gamma=2, temperature=0.8, selection=make_selection(4, 1.0, scorer, candidates))
     with pytest.raises(AlignError, match="unknown scorer"):
         make_selection(4, 1.0, "best")
+
+
+def broken_multidraft(drafts, q, p, generator=None):
+    """A classic bug of recursive rejection: after a draft's rejection the next draft is tested against p itself,
+    not against the residual norm(max(0, p - q))."""
+    k, gamma = drafts.shape
+    alive = list(range(k))
+    for j in range(gamma):
+        target = p[alive[0], j]
+        token = None
+        for c in alive:
+            x = int(drafts[c, j])
+            if float(torch.rand((), generator=generator)) * float(q[j, x]) <= float(target[x]):
+                token = x
+                break
+        if token is None:
+            residual = (target - q[j]).clamp(min=0)
+            return alive[0], j, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+        alive = [c for c in alive if int(drafts[c, j]) == token]
+    return alive[0], gamma, int(torch.multinomial(p[alive[0], gamma], 1, generator=generator))
+
+
+def test_the_multidraft_check_rejects_a_broken_recursion(monkeypatch):
+    """The chi-square check of K = 4 drafts sees that path: the same check fails when the recursion is broken."""
+    import align.selection as selection_module
+
+    monkeypatch.setattr(selection_module, "multidraft_accept", broken_multidraft)
+    verifier, drafter = models()
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    n = 6_000
+    selection = make_selection(4, drafter_temperature=1.0)
+    counts = {}
+    for s in range(n):
+        key = tuple(decoder.generate(PROMPT, 3, gamma=2, temperature=1.0, seed=s, selection=selection).tokens)
+        counts[key] = counts.get(key, 0) + 1
+    assert chi_square_p(counts, exact_distribution(verifier, 1.0), n) < 1e-6

@@ -21,6 +21,8 @@ class EchoDrafter(Drafter):
     With it every acceptance path is exercised: whole blocks accepted, partial blocks, EOS inside a block.
     """
 
+    family = "echo"
+
     def __init__(self, verifier_model, vocab: int, noise: float, seed: int):
         self.verifier_model, self.vocab_size, self.noise = verifier_model, vocab, noise
         self.rng = random.Random(seed)
@@ -62,16 +64,54 @@ def check_greedy(drafter, verifier_model, seed: int, gamma: int, steps: int, eos
     return out
 
 
+class Agreeing:
+    """A family's canvas reader whose rows agree with the verifier on part of each block: the first m rows (m drawn
+    per prefix from 0..γ, the same for every denoising step of a block) are pushed to the verifier's greedy tokens,
+    the others are the model's own. Decoding then accepts whole blocks, parts of blocks and nothing, through every
+    family's real canvas, commit schedule and self-conditioning."""
+
+    def __init__(self, reader, verifier):
+        self.reader, self.verifier = reader, verifier
+
+    def __getattr__(self, name):
+        return getattr(self.reader, name)
+
+    def canvas_logits(self, model, prefix, prefix_mask, canvas, self_conditioning=None, state=None,
+                      next_token=False):
+        out = self.reader.canvas_logits(model, prefix, prefix_mask, canvas, self_conditioning, state, next_token)
+        logits = (out[0] if next_token else out).clone()
+        gamma = canvas.shape[1]
+        ids = prefix[0].tolist()
+        agree = random.Random(hash(tuple(ids))).randrange(gamma + 1)
+        greedy = ar_generate(self.verifier, ids, gamma, eos_token_ids=[])
+        for j in range(min(agree, len(greedy))):
+            logits[0, j, greedy[j]] += 1e4
+        return (logits, out[1]) if next_token else logits
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_lossless_every_family(family):
-    """Random tiny models of each family, several seeds, γ ∈ {1, 4, 16}, T ∈ {1, 4}, EOS inside and outside blocks."""
+    """Random tiny models of each family, several seeds, γ ∈ {1, 4, 16}, T ∈ {1, 4}, EOS inside and outside blocks:
+    random drafters (nearly every block rejected at its first token) and drafters that agree with the verifier on a
+    random part of each block, so that every family at every T accepts whole blocks and parts of blocks too."""
+    accepted: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for seed in range(3):
         verifier = tiny_verifier(seed)
-        drafter = Drafter(tiny_drafter(family, seed + 10), family, VOCAB, mask_token_id=3)
-        for gamma in (1, 4, 16):
-            for steps in (1, 4):
-                for eos_mode in ("inside", "none"):
-                    check_greedy(drafter, verifier, seed, gamma, steps, eos_mode)
+        for agreeing in (False, True):
+            drafter = Drafter(tiny_drafter(family, seed + 10), family, VOCAB, mask_token_id=3)
+            if agreeing:
+                drafter.reader = Agreeing(drafter.reader, verifier)
+            for gamma in (1, 4, 16):
+                for steps in (1, 4):
+                    for eos_mode in ("inside", "none"):
+                        out = check_greedy(drafter, verifier, seed, gamma, steps, eos_mode)
+                        if agreeing:
+                            accepted.setdefault((gamma, steps), []).extend(
+                                (b.accepted, b.gamma) for b in out.stats.blocks if b.gamma)
+    for (gamma, steps), blocks in accepted.items():
+        if gamma > 1:
+            assert any(0 < a < g for a, g in blocks), (gamma, steps)  # part of a block
+        assert any(a == g for a, g in blocks) and any(a == 0 for a, g in blocks), (gamma, steps)
 
 
 def test_greedy_lossless_with_accepting_drafter():
@@ -134,13 +174,24 @@ def test_sampling_accept_stub_cases():
 
 
 def test_sampling_accept_batched_rows_are_independent():
-    g = torch.Generator().manual_seed(1)
-    p = torch.softmax(torch.randn(64, 5, 8), -1)
-    q = torch.softmax(torch.randn(64, 4, 8), -1)
-    draft = torch.multinomial(q.view(-1, 8), 1, generator=g).view(64, 4)
-    accepted, token = sampling_accept(draft, q, p, g)
+    """Each row of a batch is verified on its own: a row's outcome does not depend on the other rows (the same
+    row alone, with the same random numbers, gives the same result), and rows that differ get their own results."""
+    p = torch.softmax(torch.randn(64, 5, 8, generator=torch.Generator().manual_seed(0)) * 2, -1)
+    q = torch.softmax(torch.randn(64, 4, 8, generator=torch.Generator().manual_seed(1)) * 2, -1)
+    draft = torch.multinomial(q.view(-1, 8), 1, generator=torch.Generator().manual_seed(2)).view(64, 4)
+    accepted, token = sampling_accept(draft, q, p, torch.Generator().manual_seed(3))
     assert accepted.shape == (64,) and token.shape == (64,)
-    assert int(accepted.min()) >= 0 and int(accepted.max()) <= 4
+    assert int(accepted.min()) >= 0 and int(accepted.max()) <= 4 and len(set(accepted.tolist())) > 2
+    other = p.clone()  # row 5's verifier changed: rows 0 and 9 keep their outcomes
+    other[5] = torch.softmax(torch.randn(5, 8), -1)
+    again, again_token = sampling_accept(draft, q, other, torch.Generator().manual_seed(3))
+    keep = [r for r in range(64) if r != 5]
+    assert torch.equal(again[keep], accepted[keep]) and torch.equal(accepted, sampling_accept(
+        draft, q, p, torch.Generator().manual_seed(3))[0])
+    u = torch.rand((64, 4), generator=torch.Generator().manual_seed(3))  # the rule row by row, by hand
+    px, qx = p[:, :-1].gather(-1, draft[..., None])[..., 0], q.gather(-1, draft[..., None])[..., 0]
+    by_hand = [next((j for j in range(4) if u[r, j] * qx[r, j] > px[r, j]), 4) for r in range(64)]
+    assert accepted.tolist() == by_hand
 
 
 # ------------------------------------------------------------------------------------------------ lean passes
@@ -279,3 +330,40 @@ def test_at_t_over_1_the_encoders_first_token_is_what_later_steps_condition_on()
             later = [c[0, 0].item() for c in fed[1:]]
             assert later and later[-1] == encoder_token, (later, encoder_token)
     assert committed_first >= 2  # the schedule commits the first position early in some blocks
+
+
+# ------------------------------------------------------------------------------------------------ prompt lookup
+
+
+def test_lookup_takes_the_most_recent_match_of_the_longest_suffix():
+    from align.drafters.ngram import lookup
+
+    ids = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    assert lookup(ids, 3, max_ngram=3) == [7, 8, 5]  # "2 3" last seen before "7 8 5" (no earlier "5 2 3")
+    assert lookup(ids, 2, max_ngram=1) == [7, 8]  # "3": its most recent earlier occurrence
+    assert lookup([1, 2, 3, 4], 4) == [] and lookup([5], 4) == []  # nothing repeats
+    assert lookup([4, 4, 4], 5) == [4]  # the occurrence just before the suffix: one token follows it
+
+
+def test_prompt_lookup_and_its_fallback_decode_exactly_what_the_verifier_does():
+    """Prompt lookup (drafts of any length, none where nothing matches) and lookup falling back to a trained
+    drafter, over random pairs whose prompts repeat themselves: every output is the verifier's, and the drafts
+    took every length (full, short, none) and were accepted in part and whole."""
+    from align.drafters.ngram import FallbackDrafter, NGramDrafter
+
+    lengths, accepted = set(), []
+    for seed in range(6):
+        verifier = tiny_verifier(seed)
+        greedy = ar_generate(verifier, [5, 9, 17], 30, eos_token_ids=[])
+        for gamma in (1, 4, 16):
+            for drafter in (NGramDrafter(VOCAB, 3), FallbackDrafter(NGramDrafter(VOCAB, 2),
+                                                                    EchoDrafter(verifier, VOCAB, 0.3, seed))):
+                rng = random.Random(seed * 31 + gamma)
+                prompt = greedy[:rng.randrange(8, 20)] + [5, 9, 17]  # the verifier's own text: lookup can hit
+                expected = ar_generate(verifier, prompt, 40, eos_token_ids=[])
+                out = SpeculativeDecoder(drafter, Verifier(verifier), None).generate(prompt, 40, gamma)
+                assert out.tokens == expected, (seed, gamma, type(drafter).__name__)
+                lengths |= {b.gamma for b in out.stats.blocks}
+                accepted += [(b.accepted, b.gamma) for b in out.stats.blocks if b.gamma]
+    assert 0 in lengths and 16 in lengths and any(0 < g < 16 for g in lengths)
+    assert any(a == g for a, g in accepted) and any(a < g for a, g in accepted)

@@ -38,6 +38,11 @@ def test_every_kind_and_category_is_present(world):
     assert {d["category"] for d in world["test_prompts"]} == {c for c, _ in KINDS.values()}
 
 
+def test_the_worlds_probe_has_eight_prompts_of_the_probes_kinds(world):
+    assert len(world["probe"]) == 8 and len({p["prompt"] for p in world["probe"]}) == 8
+    assert {p["category"] for p in world["probe"]} <= {c for c, _ in KINDS.values()}
+
+
 def test_probe_suite_mirrors_the_published_probe(world):
     probe8 = ROOT.parent / "shared" / "data" / "probe8.jsonl"
     if not probe8.is_file():

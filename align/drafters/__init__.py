@@ -5,6 +5,7 @@
 | ``diffusiongemma``, ``mdlm``, ``dream`` | ``diffusion.py`` | a block in T denoising steps of a diffusion model |
 | ``dflash`` | ``dflash.py`` | a block in one pass of a few layers over the verifier's hidden states |
 | ``ar`` | ``ar.py`` | one token at a time (standard speculative decoding) |
+| ``ngram`` | ``ngram.py`` | tokens copied from the context (prompt lookup), no model; ``ngram+PATH``: lookup where the context matches, the drafter at PATH elsewhere |
 
 :func:`load_drafter` builds any of them from a folder (an export names its family in meta.json; others are detected),
 for a verifier: every caller (decoding, evaluation, serving, the benchmarks) loads drafters through it. It loads the
@@ -18,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from align.drafters import ar, dflash, diffusion
+from align.drafters import ar, dflash, diffusion, ngram
 from align.drafters.base import DrafterKind
 from align.families import traits
 from align.loading import export_meta, infer_family, load_drafter_model, load_tokenizer, shared_vocab_size
@@ -52,10 +53,22 @@ def load_drafter(path: str, verifier: str, verifier_model: Any = None, *, family
 
     ``family`` defaults to what the folder says (an export's meta.json, else its config); the drafter's tokenizer
     must agree with the verifier's (``verifier_tokenizer``, loaded from ``verifier`` when not given) on every
-    verifier token. ``verifier_model`` is the loaded verifier, which a dflash drafter reads.
+    verifier token. ``verifier_model`` is the loaded verifier, which a dflash drafter reads. ``ngram`` (or
+    ``ngram:MAX``) is prompt lookup, no model; ``ngram[:MAX]+PATH`` looks up first and falls back to PATH's drafter.
     """
     from align.zoo import resolve
 
+    if ngram.is_spec(path):
+        max_ngram, rest = ngram.parse(path)
+        if verifier_tokenizer is None:
+            verifier_tokenizer = load_tokenizer(resolve(verifier), "verifier")
+        vocab = shared_vocab_size(verifier_tokenizer, verifier_tokenizer, verifier, verifier)
+        lookup = ngram.NGramDrafter(vocab, max_ngram, device=device or "cpu")
+        if rest is None:
+            return lookup
+        return ngram.FallbackDrafter(lookup, load_drafter(
+            rest, verifier, verifier_model, family=family, dtype=dtype, device=device,
+            trust_remote_code=trust_remote_code, mask_token_id=mask_token_id, verifier_tokenizer=verifier_tokenizer))
     folder = resolve(path)
     family = family or infer_family(folder, trust_remote_code)
     traits(family)  # an unknown family is refused by name

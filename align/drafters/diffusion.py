@@ -389,10 +389,18 @@ class Drafter(DrafterKind):
             canvas, committed = commit_step(logq, canvas, committed, step, steps, self.reader.masked,
                                             self.vocab_size, temperature, generator)
             self_conditioning = logits
-        if committed.any():  # committed rows are one-hot (the first too, when it was committed from the encoder)
-            onehot = torch.full_like(logq, -math.inf).scatter_(-1, canvas[..., None], 0.0)
-            logq = torch.where(committed[..., None], onehot, logq)
+        return as_drawn(logq, canvas, committed)
+
+
+def as_drawn(logq: torch.Tensor, canvas: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
+    """The draft distribution after T steps: committed rows one-hot at the token committed there (the first too,
+    when it was committed from the encoder), the others the last step's marginals. The later steps read the
+    committed tokens, so only with these rows is a draft drawn row by row distributed as the rows say (the q of
+    sampling verification)."""
+    if not committed.any():
         return logq
+    onehot = torch.full_like(logq, -math.inf).scatter_(-1, canvas[..., None], 0.0)
+    return torch.where(committed[..., None], onehot, logq)
 
 
 def drafting(meta: dict[str, Any]) -> dict[str, Any]:

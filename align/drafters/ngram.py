@@ -1,0 +1,127 @@
+"""Prompt lookup inside align's own loop: drafts copied from the context, no model at all.
+
+:class:`NGramDrafter` looks for the last ``n`` tokens of the prefix (n = ``max_ngram`` down to ``min_ngram``) earlier
+in the prefix and proposes the tokens that followed the most recent earlier occurrence, up to γ of them: transformers'
+prompt-lookup decoding (``generate(prompt_lookup_num_tokens=...)``, which takes the first occurrence), as a drafter of
+the loop, so that it runs beside the trained drafters in the same loop and can combine with one
+(:class:`FallbackDrafter`). Where nothing matches it drafts nothing: the block is one plain verifier step.
+
+Its rows are one-hot at the drafted tokens: the draft is deterministic given the prefix, so speculative sampling
+accepts token x with probability p(x) and resamples from p without x at a rejection, which is exactly the
+verifier's distribution.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from align.drafters.base import DrafterKind
+from align.errors import AlignError
+
+FAMILY = "ngram"
+
+
+def lookup(ids: list[int], gamma: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+    """The up to ``gamma`` tokens that followed the most recent earlier occurrence of the longest suffix n-gram of
+    ``ids`` (n from ``max_ngram`` down to ``min_ngram``); [] when no suffix n-gram occurs earlier with a
+    continuation."""
+    length = len(ids)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = ids[length - n:]
+        for start in range(length - n - 1, -1, -1):  # the most recent occurrence with a token after it
+            if ids[start:start + n] == suffix:
+                return ids[start + n:start + n + gamma]
+    return []
+
+
+class NGramDrafter(DrafterKind):
+    """Drafts by prompt lookup; ``spec`` ``ngram`` or ``ngram:MAX`` (the longest n-gram looked up, default 3)."""
+
+    family = FAMILY
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1, device: Any = "cpu"):
+        if not 1 <= min_ngram <= max_ngram:
+            raise AlignError(f"the n-gram drafter looks up n-grams of {min_ngram} to {max_ngram} tokens: give "
+                             "1 <= min <= max")
+        self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
+        self._device = torch.device(device)
+        self.draft: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def reset(self) -> None:
+        self.draft = None
+
+    def marginals(self, prefix: torch.Tensor, gamma: int, steps: int = 1, temperature: float = 0.0,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+        """One-hot rows (1, n, V) at the n ≤ γ looked-up tokens (n = 0 where nothing matches); the draft is kept in
+        :attr:`draft`."""
+        if prefix.shape[0] != 1:
+            raise AlignError("the n-gram drafter decodes one sequence at a time (batch 1)")
+        found = [t for t in lookup(prefix[0].tolist(), gamma, self.max_ngram, self.min_ngram) if t < self.vocab_size]
+        draft = torch.tensor([found], dtype=torch.long, device=prefix.device).view(1, len(found))
+        rows = torch.full((1, len(found), self.vocab_size), -torch.inf, device=prefix.device)
+        rows.scatter_(-1, draft[..., None], 0.0)
+        self.draft = draft
+        return rows
+
+
+class FallbackDrafter(DrafterKind):
+    """Prompt lookup where the context holds a match, the trained drafter elsewhere (``ngram+PATH``)."""
+
+    def __init__(self, lookup_drafter: NGramDrafter, drafter: DrafterKind):
+        self.lookup, self.drafter = lookup_drafter, drafter
+        self.family = f"{FAMILY}+{drafter.family}"
+        self.vocab_size = drafter.vocab_size
+        self.verifier_layers = drafter.verifier_layers
+        self.draft: torch.Tensor | None = None
+        self.looked_up = 0  # blocks drafted by lookup, for the report
+
+    @property
+    def device(self) -> torch.device:
+        return self.drafter.device
+
+    def reset(self) -> None:
+        self.lookup.reset()
+        self.drafter.reset()
+        self.draft = None
+
+    def bind(self, verifier: Any) -> None:
+        self.drafter.bind(verifier)
+
+    def needs_features(self, prefix_length: int) -> bool:
+        return self.drafter.needs_features(prefix_length)
+
+    def marginals(self, prefix, gamma, steps=1, temperature=0.0, generator=None):
+        rows = self.lookup.marginals(prefix, gamma, steps, temperature, generator)
+        if rows.shape[1]:
+            self.draft = self.lookup.draft
+            self.looked_up += 1
+            return rows
+        rows = self.drafter.marginals(prefix, gamma, steps, temperature, generator)
+        self.draft = self.drafter.draft
+        return rows
+
+
+def parse(spec: str) -> tuple[int, str | None]:
+    """``ngram[:MAX][+PATH]`` -> (the longest n-gram looked up, the trained drafter's path or None)."""
+    head, _, path = spec.partition("+")
+    name, _, size = head.partition(":")
+    if name != FAMILY:
+        raise AlignError(f"'{spec}' is not an n-gram drafter; write ngram, ngram:MAX or ngram[:MAX]+PATH")
+    try:
+        max_ngram = int(size) if size else 3
+    except ValueError:
+        raise AlignError(f"'{spec}': the longest n-gram must be a whole number (e.g. ngram:3)") from None
+    if max_ngram < 1:
+        raise AlignError(f"'{spec}': the longest n-gram must be at least 1")
+    return max_ngram, path or None
+
+
+def is_spec(path: str) -> bool:
+    """Whether a drafter path names the n-gram drafter (``ngram``, ``ngram:MAX``, ``ngram...+PATH``)."""
+    return path == FAMILY or path.startswith((f"{FAMILY}:", f"{FAMILY}+"))
