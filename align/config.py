@@ -66,6 +66,11 @@ class DrafterConfig:
     freeze_embeddings: bool = option(False, "Keep the drafter's token embeddings and its (tied) output head as they "
                                      "are: a drafter made from its verifier shares them with it, and at a large "
                                      "vocabulary their gradient is the costliest part of a backward pass.")
+    draft_vocab: int | None = option(None, "dflash: the drafter proposes only the N tokens most frequent in the "
+                                     "training rollouts' responses, its head those rows of the verifier's (a head a "
+                                     "sixth as wide at N 8,192 of 49,152: cheaper drafting and training; tokens "
+                                     "outside are never drafted, which costs only acceptance). null: the whole "
+                                     "vocabulary.", min=1)
 
 
 @dataclass
@@ -434,6 +439,10 @@ def _check_recipe(recipe: Recipe) -> None:
                           "distill.first_token: canvas")
     if kind.reads_features:
         _check_features(recipe)
+    if recipe.drafter.draft_vocab is not None and not kind.reads_features:
+        raise RecipeError(f"recipe key drafter.draft_vocab: a {family} drafter's head is its own (a draft "
+                          "vocabulary takes rows of the verifier's head, which only a dflash drafter shares): set "
+                          "drafter.draft_vocab: null")
     if recipe.data.feature_cache and not kind.reads_features:
         raise RecipeError(f"recipe key data.feature_cache: true caches the verifier's features a dflash drafter reads; "
                           f"a {family} drafter reads none: set data.feature_cache: false")

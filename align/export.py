@@ -63,6 +63,10 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     if traits(recipe.drafter.family).reads_features:  # the verifier it reads: loading refuses any other
         meta["verifier_layers"] = model.config.target_layer_ids
         meta["verifier_fingerprint"] = (state.get("data_fingerprint") or {}).get("verifier_fingerprint")
+        draft_vocab = (state.get("data_fingerprint") or {}).get("draft_vocab")
+        if draft_vocab:  # the tokens it was trained to propose: decoding reads them from its config
+            model.config.dflash_config["draft_vocab"] = draft_vocab
+            meta["draft_vocab"] = len(draft_vocab)
     with atomic_folder(out, f"the export into {out}") as partial:  # the previous export stays whole until then
         model.save_pretrained(str(partial), safe_serialization=True)
         tokenizer.save_pretrained(str(partial))

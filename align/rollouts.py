@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import zlib
 from pathlib import Path
@@ -211,7 +212,10 @@ class VLLMBackend:
 
         path = resolve(recipe.verifier.path)
         self.tokenizer = load_tokenizer(path, "verifier")
-        extra = {} if torch.cuda.is_available() else {"enforce_eager": True, "kv_cache_memory_bytes": 1 << 28}
+        # on CPU vLLM's KV cache is a fixed size: ALIGN_VLLM_KV_GIB (default 0.25) sets it; larger batches of longer
+        # prompts need more (SmolLM2-135M: 46 KB a token, so 64 sequences of 500 tokens take 1.5 GiB)
+        kv = int(float(os.environ.get("ALIGN_VLLM_KV_GIB", "0.25")) * (1 << 30))
+        extra = {} if torch.cuda.is_available() else {"enforce_eager": True, "kv_cache_memory_bytes": kv}
         # generation_config="vllm": nothing from the model's generation_config.json (the SamplingParams below say all)
         self.llm = LLM(model=path, dtype=recipe.verifier.dtype, seed=recipe.run.seed, generation_config="vllm",
                        max_model_len=min(4096, _context(path)), **extra)

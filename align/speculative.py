@@ -85,12 +85,16 @@ class SpeculativeDecoder:
         self.eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids)
 
     def generate(self, prompt: list[int], max_new_tokens: int, gamma: int, steps: int = 1, temperature: float = 0.0,
-                 seed: int = 0, selection=None) -> Generation:
+                 seed: int = 0, selection=None, stop_below: float = 0.0, relaxed=None) -> Generation:
         """Decode up to ``max_new_tokens`` after ``prompt`` with γ-token blocks of ``steps`` denoising steps.
 
         ``temperature`` 0 is greedy (token for token the verifier's greedy output); above 0 the output is
         distributed as the verifier's temperature sampling. ``selection`` (an ``align.selection.Selection``)
-        turns on K drafts per block.
+        turns on K drafts per block. ``stop_below`` (a stop rule): a block ends before the first position whose
+        likeliest token the drafter gives less than this probability (at least one position is drafted); a rule on
+        the drafter's own rows alone, so the output stays the verifier's. ``relaxed`` (``align.relaxed.Relaxed``,
+        evaluation only, never a default) accepts draft tokens the verifier finds plausible but would not have
+        chosen: the output is then *not* the verifier's (lossy), greedy only.
         """
         reads = self.drafter.verifier_layers  # a feature-conditioned drafter's (align.drafters.dflash)
         if reads:  # the verifier's passes hand over their hidden states; only while this generation runs
@@ -98,12 +102,14 @@ class SpeculativeDecoder:
         self.drafter.bind(self.verifier)
         try:
             with grad_free(self.verifier.lean):
-                return self._generate(prompt, max_new_tokens, gamma, steps, temperature, seed, selection)
+                return self._generate(prompt, max_new_tokens, gamma, steps, temperature, seed, selection,
+                                      stop_below, relaxed)
         finally:
             if reads:
                 self.verifier.record(None)
 
-    def _generate(self, prompt, max_new_tokens, gamma, steps, temperature, seed, selection) -> Generation:
+    def _generate(self, prompt, max_new_tokens, gamma, steps, temperature, seed, selection, stop_below,
+                  relaxed) -> Generation:
         if gamma <= 0:
             raise AlignError(f"gamma must be a positive number of draft tokens, got {gamma}")
         if steps <= 0:
@@ -112,6 +118,9 @@ class SpeculativeDecoder:
             raise AlignError(f"temperature must be >= 0, got {temperature}")
         if selection is not None:
             selection.check(temperature)
+        if relaxed is not None and (temperature > 0 or selection is not None):
+            raise AlignError("a relaxed acceptance rule replaces greedy verification: use it at temperature 0 with "
+                             "one draft per block (k 1)")
         generator = torch.Generator(device=self.verifier.device).manual_seed(seed)
         device = self.verifier.device
         self.verifier.start(prompt)
@@ -136,7 +145,10 @@ class SpeculativeDecoder:
             if logq is None or logq.shape[0] == 0:  # no room for a draft, or none drafted: a plain verifier step
                 logq, drafts, g = None, torch.zeros((1, 0), dtype=torch.long, device=device), 0
             else:
-                g = logq.shape[0]  # a drafter may stop short of γ (prompt lookup, a stop rule)
+                if stop_below > 0 and logq.shape[0] > 1:  # the stop rule: where the drafter is unsure
+                    sure = (logq.max(-1).values.exp() >= stop_below).long().cumprod(0)
+                    logq = logq[:max(1, int(sure.sum()))]
+                g = logq.shape[0]  # a drafter may stop short of γ (prompt lookup, the stop rule)
                 own = self.drafter.draft  # a draft the drafter drew itself: its rows are conditioned on it
                 if own is not None and selection is None:
                     drafts = own[:1, :g]
@@ -145,7 +157,10 @@ class SpeculativeDecoder:
             t2 = now(device)
             logits = self.verifier.score(drafts)  # (K, γ + 1, V)
             t3 = now(device)
-            index, accepted, next_token = self._accept(drafts, logq, logits, temperature, generator, selection)
+            if relaxed is not None and drafts.shape[1]:  # lossy: evaluation only
+                index, (accepted, next_token) = 0, relaxed.accept(drafts[0], logits[0])
+            else:
+                index, accepted, next_token = self._accept(drafts, logq, logits, temperature, generator, selection)
             t4 = now(device)
             kept = drafts[index, :accepted].tolist()
             self.verifier.commit(index, accepted, next_token)

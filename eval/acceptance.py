@@ -48,6 +48,7 @@ from align.speculative import SpeculativeDecoder
 from align.verifier import Verifier, ar_generate, counted_generate, eos_ids, verifier_alone
 from align.zoo import resolve
 from eval.analysis import PromptRecord, combine_seeds, summarize
+from eval.quality import quality
 from eval.suites import SUITES, load_suite
 
 
@@ -90,6 +91,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="denoising steps (drafter passes) per block, T (comma list; default: each drafter's own, the T "
                         "its meta.json says it was trained for, else 1)")
     p.add_argument("--temperature", type=comma_list(float), default=[0.0], help="0: greedy (comma list)")
+    p.add_argument("--relaxed", action="append", default=[], metavar="RULE",
+                   help="also decode with this relaxed (LOSSY) acceptance rule, greedy only: typical:EPSILON,DELTA, "
+                        "topk:K or ratio:R (align/relaxed.py; repeatable). Its results are labelled lossy, measured "
+                        "for quality against the verifier alone's outputs, and never pass the lossless check")
+    p.add_argument("--stop-below", type=comma_list(float), default=[0.0], metavar="P",
+                   help="stop rule: a block ends before the first position whose likeliest token the drafter gives "
+                        "less probability than P (comma list; 0: every block drafts γ)")
     p.add_argument("--k", type=comma_list(int), default=None,
                    help="drafts per block, self-selection (comma list; default: the checkpoint recipe's selection.k, else 1)")
     p.add_argument("--drafter-temperature", type=comma_list(float), default=None,
@@ -137,6 +145,13 @@ def labelled(text: str) -> tuple[str, str]:
 RESERVED = ("aligned", "baseline", "generate", "alone", "prompt lookup", "assisted")  # the evaluation's own labels
 
 
+def relaxed_rule(spec: str):
+    """A ``--relaxed`` spec as its rule (``align.relaxed``: evaluation only)."""
+    from align.relaxed import parse
+
+    return parse(spec)
+
+
 def model_path(path: str) -> str | None:
     """The model folder a drafter path reads (None for prompt lookup alone: ``ngram``; ``ngram+PATH``: PATH)."""
     return ngram.parse(path)[1] if ngram.is_spec(path) else path
@@ -149,10 +164,13 @@ def check_args(args: argparse.Namespace) -> None:
         bad = [v for v in getattr(args, name) or [] if v < 1]
         if bad:
             raise AlignError(f"--{name.replace('_', '-')} values must be at least 1, got {bad[0]}")
+    if any(not 0 <= p < 1 for p in args.stop_below):
+        raise AlignError("--stop-below values must be probabilities from 0 (off) up to, not including, 1")
     if any(t < 0 for t in args.temperature):
         raise AlignError("--temperature values must be >= 0")
     if args.suite and args.prompts:
         raise AlignError("give either --suite or --prompts, not both")
+    args.rules = [relaxed_rule(spec) for spec in args.relaxed]  # each refused now, by name, when malformed
     labels = [label for label, _ in args.drafter]
     for label in labels:
         if label in RESERVED or labels.count(label) > 1:
@@ -274,7 +292,8 @@ def main(argv: list[str]) -> int:
         for job in jobs[len(phase_references):]:
             records = [PromptRecord(p["id"], p.get("category", "all"), ids, gen.tokens, gen.stats)
                        for p, ids, gen in zip(prompts, encoded, job.outputs)]
-            summary = summarize_job(job, records, reference, alone, verifier_model, encoded, suite, verifier_path)
+            summary = summarize_job(job, records, reference, alone, verifier_model, encoded, suite, verifier_path,
+                                    tokenizer, prompts if args.relaxed else None)
             summary["per_category_speedup_vs_generate"] = category_speedups(
                 prompts, [len(r.output_ids) for r in records], job.times, reference[(job.setting["temperature"],
                                                                                       job.seed)][0],
@@ -371,14 +390,18 @@ def drafter_jobs(args, label: str, path: str, decoder: SpeculativeDecoder, swept
                 break
             jobs.append(Job(label, setting, seed, partial(
                 decoder.generate, max_new_tokens=args.max_new_tokens, gamma=setting["gamma"], steps=setting["steps"],
-                temperature=setting["temperature"], seed=seed, selection=selection), index, path,
+                temperature=setting["temperature"], seed=seed, selection=selection,
+                stop_below=setting["stop_below"],
+                relaxed=None if setting["relaxed"] is None else relaxed_rule(setting["relaxed"])), index, path,
                 decoder.drafter.family))
     return jobs
 
 
 def summarize_job(job: Job, records: list[PromptRecord], reference: dict, alone: dict, verifier_model,
-                  encoded: list[list[int]], suite: str, verifier_path: str) -> dict[str, Any]:
-    """One drafter run's summary, its speed against the references and, greedy, its lossless check."""
+                  encoded: list[list[int]], suite: str, verifier_path: str, tokenizer: Any = None,
+                  quality_rows: list[dict] | None = None) -> dict[str, Any]:
+    """One drafter run's summary, its speed against the references and, greedy, its lossless check; with a relaxed
+    rule, its label and, against the verifier alone's outputs, its quality (``eval/quality.py``)."""
     setting = job.setting
     ar_outputs, ar_seconds = reference[(setting["temperature"], job.seed)]
     alone_tokens, alone_seconds = alone[(setting["temperature"], job.seed)]
@@ -390,9 +413,15 @@ def summarize_job(job: Job, records: list[PromptRecord], reference: dict, alone:
     summary["generate_tokens_per_s"] = sum(map(len, ar_outputs)) / ar_seconds
     summary["speedup_vs_generate"] = summary["tokens_per_s"] / summary["generate_tokens_per_s"]
     summary["lossless"] = summary["lossless_counts"] = None
-    if setting["temperature"] == 0:  # token for token, or a near-tie of a low-precision verifier
+    if setting["relaxed"] is not None:  # LOSSY: not the verifier's output, by design; what it costs, measured
+        rule = relaxed_rule(setting["relaxed"])
+        summary.update(lossless="not applicable: lossy rule", lossy=rule.to_dict(), lossy_label=rule.label)
+    elif setting["temperature"] == 0:  # token for token, or a near-tie of a low-precision verifier
         counts = lossless_counts(verifier_model, encoded, [r.output_ids for r in records], ar_outputs)
         summary.update(lossless=counts["mismatch"] == 0, lossless_counts=counts)
+    if setting["temperature"] == 0 and (setting["relaxed"] is not None or quality_rows):
+        summary["quality"] = quality(verifier_model, tokenizer, quality_rows, encoded,
+                                     [r.output_ids for r in records], ar_outputs)
     return summary
 
 
@@ -512,14 +541,18 @@ def first_per_category(prompts: list[dict], n: int | None) -> list[dict]:
 def settings(args: argparse.Namespace, steps: list[int]) -> list[dict[str, Any]]:
     """Every combination of the swept flags at these ``steps`` (T); selection flags only vary where K > 1."""
     out = []
-    for gamma, steps, temperature, k in itertools.product(args.gamma, steps, args.temperature, args.k):
+    for gamma, steps, temperature, k, stop, relaxed in itertools.product(
+            args.gamma, steps, args.temperature, args.k, args.stop_below, [None, *args.relaxed]):
+        if relaxed is not None and (temperature > 0 or k > 1):  # a relaxed rule replaces greedy verification
+            continue
         combos = [(None, None, None)]
         if k > 1:  # the swap generator does not sample: the drafter temperature does not apply to it
             combos = [(s, c, t) for s in args.scorer for c in args.candidates
                       for t in (args.drafter_temperature if c != "swap" else args.drafter_temperature[:1])]
         for scorer, candidates, drafter_temperature in combos:
             out.append({"gamma": gamma, "steps": steps, "temperature": temperature, "k": k, "scorer": scorer,
-                        "candidates": candidates, "drafter_temperature": drafter_temperature})
+                        "candidates": candidates, "drafter_temperature": drafter_temperature, "stop_below": stop,
+                        "relaxed": relaxed})
     return out
 
 

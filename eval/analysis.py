@@ -97,7 +97,10 @@ def combine_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
             out[key + "_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
     if all("lossless" in r for r in runs):
         flags = [r["lossless"] for r in runs]
-        out["lossless"] = None if any(f is None for f in flags) else all(flags)
+        if any(isinstance(f, str) for f in flags):  # "not applicable: lossy rule"
+            out["lossless"] = next(f for f in flags if isinstance(f, str))
+        else:
+            out["lossless"] = None if any(f is None for f in flags) else all(flags)
     if all(r.get("lossless_counts") for r in runs):
         out["lossless_counts"] = {k: sum(r["lossless_counts"][k] for r in runs) for k in runs[0]["lossless_counts"]}
     return out

@@ -38,6 +38,10 @@ def color(label: str, results: list[dict[str, Any]]) -> str:
 
 def setting_name(r: dict[str, Any]) -> str:
     name = f"γ={r['gamma']} T={r['steps']} temp={r['temperature']:g} k={r['k']}"
+    if r.get("stop_below"):
+        name += f" stop<{r['stop_below']:g}"
+    if r.get("lossy_label"):
+        name += f" {r['lossy_label']}"
     if r["k"] > 1:
         name += f" {r['scorer']}/{r['candidates']}@{r['drafter_temperature']:g}"
     return name
@@ -57,7 +61,7 @@ def summary_table(results: list[dict[str, Any]]) -> str:
              "loop) | speedup | HF generate tokens/s | speedup vs generate | lossless |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (setting_name(r), r["label"] != "baseline")):
-        lossless = {True: "yes", False: "NO", None: "n/a (sampling)"}[r["lossless"]]
+        lossless = {True: "yes", False: "NO", None: "n/a (sampling)"}.get(r["lossless"], "n/a: LOSSY rule")
         counts = r.get("lossless_counts")
         if counts and (counts["near_tie"] or counts["mismatch"]):  # bf16 and friends: say what kind of difference
             lossless += f" ({counts['exact']} exact, {counts['near_tie']} near-tie, {counts['mismatch']} mismatch)"
@@ -85,7 +89,7 @@ def alternatives_table(document: dict[str, Any]) -> str:
     for temperature, rate in generate.items():
         lines.append(f"| generate (the verifier alone) | {temperature:g} | {rate:.1f} | 1.00 | - | 1.00 | - |")
     for r in sorted(rows, key=lambda r: (r["temperature"], -r["speedup_vs_generate"])):
-        lossless = {True: "yes", False: "NO", None: "n/a (sampling)"}[r["lossless"]]
+        lossless = {True: "yes", False: "NO", None: "n/a (sampling)"}.get(r["lossless"], "n/a: LOSSY rule")
         lines.append(f"| {r['label']} | {r['temperature']:g} | {_pm(r, 'tokens_per_s', '{:.1f}')} | "
                      f"{r['speedup_vs_generate']:.2f} | {_pm(r, 'speedup')} | {_pm(r, 'tau')} | {lossless} |")
     return "\n".join(lines)
@@ -112,6 +116,23 @@ def category_speed_table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def relaxed_table(results: list[dict[str, Any]]) -> str:
+    """Every greedy result that was measured for quality, exact and LOSSY side by side: what a relaxed rule gains in
+    acceptance and speed, and what it costs (eval/quality.py)."""
+    rows = [r for r in results if r.get("quality")]
+    lines = ["| drafter | rule | accepted_mean | tokens/s | speedup vs generate | outputs identical to the verifier's | "
+             "first divergence (token) | verifier NLL per token (its greedy output's) | correct (the verifier "
+             "alone's) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["label"], r.get("lossy_label") or "")):
+        q = r["quality"]
+        nll = f"{q['nll_per_token']:.3f} ({q['reference_nll_per_token']:.3f})" if q["nll_per_token"] is not None else "-"
+        right = f"{q['correct']:.3f} ({q['reference_correct']:.3f})" if "correct" in q else "-"
+        lines.append(f"| {r['label']} | {r.get('lossy_label') or 'exact'} | {r['accepted_mean']:.2f} | "
+                     f"{r['tokens_per_s']:.1f} | {r['speedup_vs_generate']:.2f} | {q['identical']:.3f} | "
+                     f"{_fmt(q['first_divergence'], '{:.1f}')} | {nll} | {right} |")
+    return "\n".join(lines)
+
+
 def cost_table(results: list[dict[str, Any]]) -> str:
     """Where a block's time goes, in steps of the verifier-alone loop (1 step = 1 / its tokens/s), and the cost
     model's speedup beside the measured one:
@@ -135,10 +156,10 @@ def cost_table(results: list[dict[str, Any]]) -> str:
 def _main(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The main setting's result for each label (each drafter at its first T: drafters may draft in different T)."""
     first = results[0]
-    keys = ("gamma", "temperature", "k", "scorer", "candidates", "drafter_temperature")
+    keys = ("gamma", "temperature", "k", "scorer", "candidates", "drafter_temperature", "stop_below", "relaxed")
     main: dict[str, dict[str, Any]] = {}
     for r in results:
-        if all(r[k] == first[k] for k in keys):
+        if all(r.get(k) == first.get(k) for k in keys):
             main.setdefault(r["label"], r)
     return main
 
@@ -335,6 +356,11 @@ def write_report(document: dict[str, Any], out: Path) -> list[Path]:
         sections += ["## Engines", "", "The same prompts through align's loop (hf) and through vLLM with "
                      "`align.serving.DiffusionProposer` (vLLM's own counters; speedup against the same engine "
                      "without speculation).", "", engine_table(document), ""]
+    if any(r.get("lossy") for r in results):
+        sections += ["## Relaxed (LOSSY) acceptance", "", "Rules that accept draft tokens the verifier would not have "
+                     "chosen (align/relaxed.py): their outputs are NOT the verifier's. Beside each, what it costs "
+                     "against the verifier alone's outputs on the same prompts (eval/quality.py).", "",
+                     relaxed_table(results), ""]
     write_text(out / "report.md", "\n".join(sections))
     return [out / "report.md", *written]
 
@@ -350,7 +376,7 @@ def engine_table(document: dict[str, Any]) -> str:
             lines.append(f"| hf | {r['label']} ({setting_name(r)}) | 1 | {r['accepted_mean']:.2f} | "
                          f"{1 + r['accepted_mean']:.2f} | {r['tau']:.2f} | "
                          f"{r['tokens_per_s']:.1f} | {r['ar_tokens_per_s']:.1f} | {r['speedup']:.2f} | "
-                         f"{lossless[r['lossless']]} |")
+                         f"{lossless.get(r['lossless'], 'n/a: LOSSY rule')} |")
     for r in document.get("vllm", {}).get("results", []):
         lines.append(f"| {r['engine']} | {r['label']} (γ={r['gamma']} T={r['steps']} temp={r['temperature']:g}) | "
                      f"{r['concurrency']} | {r['accepted_mean']:.2f} | {1 + r['accepted_mean']:.2f} | - | "

@@ -304,3 +304,24 @@ def test_trained_exported_evaluated_and_refused_against_another_verifier(model_d
     finally:
         torch.set_num_threads(threads)
     assert not (tmp_path / "eval-other" / "acceptance.json").exists()
+
+
+def test_a_draft_vocabulary_drafts_only_its_tokens_and_decodes_exactly():
+    """A drafter whose head is some rows of the verifier's (``drafter.draft_vocab``) never proposes another token;
+    its rows are the full head's renormalised over those tokens, and greedy output is still the verifier's."""
+    verifier, model = pair(5)
+    full = DFlashDrafter(model, verifier, 64)
+    model.config.dflash_config["draft_vocab"] = list(range(0, 64, 2))  # the even tokens
+    small = DFlashDrafter(model, verifier, 64)
+    prompt = [7, 9, 11, 4]
+    for drafter in (full, small):
+        out = SpeculativeDecoder(drafter, Verifier(verifier), []).generate(prompt, 30, 6)
+        assert out.tokens == ar_generate(verifier, prompt, 30, eos_token_ids=[])
+    drafted = recorded(small)
+    SpeculativeDecoder(small, Verifier(verifier), []).generate(prompt, 20, 6)
+    for _, rows, _ in drafted:
+        assert torch.isinf(rows[:, 1::2]).all() and rows[:, 0::2].isfinite().all()
+    full_rows = recorded(full)
+    SpeculativeDecoder(full, Verifier(verifier), []).generate(prompt, 20, 6)
+    (_, a, _), (_, b, _) = drafted[0], full_rows[0]  # the first block: the same prefix for both
+    torch.testing.assert_close(a[:, 0::2], b[:, 0::2].log_softmax(-1))  # the same rows, over the even tokens

@@ -152,3 +152,15 @@ def test_the_check_rejects_drafting_in_steps_with_a_q_its_draft_was_not_drawn_fr
     n = 6_000
     counts = sample(decoder, n, 0.7, 2)
     assert chi_square_p(counts, exact_distribution(verifier, 0.7), n) < 1e-6
+
+
+def test_the_stop_rule_samples_the_verifier():
+    """The stop rule reads the drafter's rows only, so sampling stays the verifier's distribution."""
+    verifier, drafter = models()
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    n = 6_000
+    outs = [decoder.generate(PROMPT, N_TOKENS, gamma=2, temperature=1.0, seed=s, stop_below=0.3) for s in range(n)]
+    counts = Counter(tuple(o.tokens) for o in outs)
+    assert chi_square_p(counts, exact_distribution(verifier, 1.0), n) > 1e-3
+    drafted = Counter(b.gamma for o in outs for b in o.stats.blocks)
+    assert drafted[1] and drafted[2]  # blocks stopped after one position, and blocks of two

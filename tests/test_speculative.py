@@ -367,3 +367,26 @@ def test_prompt_lookup_and_its_fallback_decode_exactly_what_the_verifier_does():
                 accepted += [(b.accepted, b.gamma) for b in out.stats.blocks if b.gamma]
     assert 0 in lengths and 16 in lengths and any(0 < g < 16 for g in lengths)
     assert any(a == g for a, g in accepted) and any(a < g for a, g in accepted)
+
+
+def test_the_stop_rule_ends_blocks_where_the_drafter_is_unsure_and_decodes_exactly():
+    """A block ends before the first position whose likeliest token the drafter gives less than the threshold:
+    blocks of every length come out, at least one position each, and the output is still the verifier's."""
+    lengths = set()
+    for seed in range(3):
+        verifier = tiny_verifier(seed)
+        for family in FAMILIES:
+            drafter = Drafter(tiny_drafter(family, seed + 20), family, VOCAB, mask_token_id=3)
+            drafter.reader = Agreeing(drafter.reader, verifier)  # agreeing rows are sure, the others are not
+            rng = random.Random(seed)
+            prompt = [rng.randrange(4, VOCAB) for _ in range(6)]
+            expected = ar_generate(verifier, prompt, 40, eos_token_ids=[])
+            for steps in (1, 4):
+                out = SpeculativeDecoder(drafter, Verifier(verifier), None).generate(prompt, 40, 8, steps,
+                                                                                    stop_below=0.5)
+                assert out.tokens == expected, (seed, family, steps)
+                room = [min(8, 40 - sum(b.produced for b in out.stats.blocks[:i]) - 1)
+                        for i in range(len(out.stats.blocks))]
+                lengths |= {(b.gamma, r) for b, r in zip(out.stats.blocks, room)}
+    assert all(g >= 1 for g, r in lengths if r >= 1)
+    assert any(g < r for g, r in lengths) and any(g == r == 8 for g, r in lengths)  # stopped short, and not

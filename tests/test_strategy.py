@@ -13,10 +13,11 @@ from align.distill.windows import window_index
 from align.loading import load_drafter_model, load_verifier_model
 from conftest import MASK
 
-CASES = {  # strategy -> (family, objective: one that reads the verifier's logits where the kind allows)
-    "window": ("mdlm", "kd"),
-    "packed": ("diffusiongemma", "streak_ce"),
-    "dflash": ("dflash", "tv"),
+CASES = {  # case -> (strategy, family, objective: one that reads the verifier's logits where the kind allows, more)
+    "window": ("window", "mdlm", "kd", []),
+    "packed": ("packed", "diffusiongemma", "streak_ce", []),
+    "dflash": ("dflash", "dflash", "tv", []),
+    "dflash-draft-vocabulary": ("dflash", "dflash", "streak_ce", ["drafter.draft_vocab=40"]),
 }
 
 
@@ -31,25 +32,28 @@ def rollouts(vocab: int, count: int = 4, seed: int = 0) -> list[dict]:
 def test_a_step_of_each_strategy_is_the_whole_batch_loss_exactly_accumulated(name, model_dirs, tmp_path):
     """One optimizer step of two micro-batches: the step's loss equals the loss of the same windows in one pass
     (exact accumulation: numerators summed, denominators of the whole batch), and the drafter's weights move."""
-    family, objective = CASES[name]
-    recipe = load_recipe("recipes/tiny.yaml", [
+    kind, family, objective, more = CASES[name]
+    recipe = load_recipe("recipes/tiny.yaml", [*more,
         f"verifier.path={model_dirs['verifier']}", f"drafter.path={model_dirs[family]}", f"drafter.family={family}",
         f"distill.objective={objective}", "distill.gamma=4", "distill.next_token_weight=0",
         "distill.first_token=canvas", "distill.canvas_seed=null" if family == "dflash" else "distill.canvas_seed=0",
         "train.micro_batch_size=6", "train.global_batch_size=12", "train.lr=1e-2", "train.warmup_steps=0",
         "data.group_size=3", f"run.output_dir={tmp_path}"])
-    assert strategy_for(recipe).name == name
+    Strategy = strategy_for(recipe)
+    assert Strategy.name == kind
     init_distributed()
     verifier, _ = load_verifier_model(str(model_dirs["verifier"]))
     verifier.requires_grad_(False)
     model, tokenizer = load_drafter_model(str(model_dirs[family]), family)
     vocab = verifier.config.vocab_size
     rows = rollouts(vocab)
+    prepared = Strategy.prepare(recipe, model, verifier, tokenizer, rows)
+    assert prepared["mask_id"] == (MASK if family == "dflash" else tokenizer.mask_token_id)
     engine = Engine(model, recipe, 1)
-    strategy = strategy_for(recipe)(recipe, engine.engine, rows, vocab, MASK if family == "dflash" else
-                                    tokenizer.mask_token_id, verifier, None, engine.device)
-    assert isinstance(strategy, {"window": WindowStrategy, "packed": PackedStrategy,
-                                 "dflash": FeatureStrategy}[name])
+    strategy = Strategy(recipe, engine.engine, rows, vocab, prepared["mask_id"], verifier, None, engine.device)
+    assert isinstance(strategy, {"window": WindowStrategy, "packed": PackedStrategy, "dflash": FeatureStrategy}[kind])
+    if recipe.drafter.draft_vocab:  # the rollouts' 40 most used tokens: the head's rows the drafter proposes
+        assert len(prepared["fingerprint"]["draft_vocab"]) == 40 and strategy.draft_vocab is not None
     windows = window_index([len(r["response_ids"]) for r in rows], list(range(len(rows))))[:12]
     arranged, given = strategy.arrange(windows, 0)
     dens = strategy.denominators(arranged, given)

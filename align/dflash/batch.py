@@ -166,10 +166,10 @@ def block_layout(batch: DFlashBatch, mask_token_id: int) -> tuple[torch.Tensor, 
 
 
 def drafter_logits(model, embed, head, batch: DFlashBatch, features: torch.Tensor, mask_token_id: int,
-                   vocab: int) -> torch.Tensor:
+                   vocab: int, draft_vocab: torch.Tensor | None = None) -> torch.Tensor:
     """The drafter's logits (N, γ, V) of every window of ``batch``, in the order of ``batch.labels``: one pass per
     micro-batch over all rollouts' blocks. ``embed`` and ``head`` are the verifier's (frozen; the gradient passes
-    through the head to the drafter)."""
+    through the head to the drafter); with ``draft_vocab`` (K token ids), only those rows of the head: (N, γ, K)."""
     ids, positions, mask = block_layout(batch, mask_token_id)
     dtype = next(model.parameters()).dtype
     feature_positions = torch.arange(batch.ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
@@ -178,6 +178,9 @@ def drafter_logits(model, embed, head, batch: DFlashBatch, features: torch.Tenso
     r, w = batch.starts.shape
     g = batch.gamma
     rows = hidden.reshape(r * w, g + 1, -1)[batch.slots, 1:]  # (N, γ, H): the mask rows
+    if draft_vocab is not None:
+        bias = None if head.bias is None else head.bias[draft_vocab]
+        return torch.nn.functional.linear(rows.to(head.weight.dtype), head.weight[draft_vocab], bias)
     return head(rows.to(head.weight.dtype))[..., :vocab]
 
 

@@ -109,6 +109,10 @@ class Strategy:
         """The held-out windows in the order their micro-batches are cut."""
         return pairs
 
+    def targets(self, batch: Any) -> torch.Tensor:
+        """The labels (N, γ) as indices into the drafted logits' last dimension (-100: none to learn)."""
+        return batch.labels
+
     def train_logits(self, batch: Any, step: int, micro: int, next_token: bool
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One micro-batch's training pass: (logits (N, γ, V), labels (N, γ), the verifier's logits at the same
@@ -263,6 +267,9 @@ class FeatureStrategy(Strategy):
         mask_id = model.config.mask_token_id if d.mask_token_id is None else d.mask_token_id
         check_layers(verifier, layers)
         fingerprint = {"verifier_fingerprint": verifier_fingerprint(verifier)}
+        if d.draft_vocab is not None:  # the tokens the responses use most; the export records them in its config
+            fingerprint["draft_vocab"] = draft_vocabulary(rows, d.draft_vocab)
+            model.config.dflash_config["draft_vocab"] = fingerprint["draft_vocab"]
         feature_cache = None
         if recipe.data.feature_cache:
             sequences = [r["prompt_ids"] + r["response_ids"] for r in rows]
@@ -279,6 +286,19 @@ class FeatureStrategy(Strategy):
         self.layers = config.target_layer_ids
         self.embed = self.verifier.get_input_embeddings()
         self.head = self.verifier.get_output_embeddings()
+        self.draft_vocab, self.lookup = None, None  # the head's rows drafted, and each token's index among them
+        if config.draft_vocab:
+            self.draft_vocab = torch.tensor(config.draft_vocab, device=self.device)
+            self.lookup = torch.full((max(self.vocab, int(self.draft_vocab.max()) + 1) + 1,), -100, dtype=torch.long,
+                                     device=self.device)
+            self.lookup[self.draft_vocab] = torch.arange(len(self.draft_vocab), device=self.device)
+
+    def targets(self, batch):
+        """Labels as indices into the draft vocabulary (-100 for a token outside it: never drafted, so never learnt,
+        and a miss in the held-out streaks)."""
+        if self.lookup is None:
+            return batch.labels
+        return torch.where(batch.labels >= 0, self.lookup[batch.labels.clamp(min=0)], -100)
 
     def batch(self, pairs, given=None, train=False):
         from align.dflash.batch import make_batch
@@ -295,7 +315,8 @@ class FeatureStrategy(Strategy):
         else:
             hidden, batch.teacher = verifier_pass(self.verifier, self.layers, batch, self.vocab,
                                                   self.objective.needs_teacher)
-        return drafter_logits(self.model, self.embed, self.head, batch, hidden, self.mask_id, self.vocab)
+        return drafter_logits(self.model, self.embed, self.head, batch, hidden, self.mask_id, self.vocab,
+                              self.draft_vocab)
 
     def drafted(self, batch):
         """Its T passes, left to right."""
@@ -318,9 +339,18 @@ class FeatureStrategy(Strategy):
         from align.dflash.batch import uncommitted
 
         logits = self.logits(batch)[..., :self.vocab]
+        teacher = batch.teacher if batch.teacher is None or self.draft_vocab is None else \
+            batch.teacher[..., self.draft_vocab]
         # a later pass of T: the rows it drafts, as a block of their own
-        labels, logits, teacher = uncommitted(batch.given, batch.labels, logits, batch.teacher)
+        labels, logits, teacher = uncommitted(batch.given, self.targets(batch), logits, teacher)
         return logits, labels, teacher, None
+
+
+def draft_vocabulary(rows: list[dict], size: int) -> list[int]:
+    """The ``size`` token ids the rollouts' responses use most (ties: the lower id first), sorted."""
+    counts = torch.bincount(torch.tensor([t for r in rows for t in r["response_ids"]], dtype=torch.long))
+    order = sorted(range(len(counts)), key=lambda t: (-int(counts[t]), t))
+    return sorted(order[:size])
 
 
 #: the ways of training, by name
@@ -373,11 +403,12 @@ def heldout_metrics(strategy: Strategy, pairs: torch.Tensor, micro_batch_size: i
     for lo in range(0, len(mine), micro_batch_size):
         batch = strategy.batch(mine[lo:lo + micro_batch_size])
         logits = strategy.drafted(batch)[..., :vocab].float()
-        valid = batch.labels >= 0
-        logq = (logits / strategy.temperature).log_softmax(-1).gather(-1, batch.labels.clamp(min=0)[..., None])[..., 0]
+        labels = strategy.targets(batch)
+        valid = labels >= 0
+        logq = (logits / strategy.temperature).log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
         q = logq.exp() * valid
-        greedy = ((logits.argmax(-1) == batch.labels) & valid).long().cumprod(-1).sum(-1)
-        sums[0] += len(batch.labels)
+        greedy = ((logits.argmax(-1) == labels) & valid).long().cumprod(-1).sum(-1)
+        sums[0] += len(labels)
         sums[1] += float(expected_streak(q).sum())
         sums[2] += float(greedy.sum())
         sums[3:] += q.sum(0).double().cpu()

@@ -43,6 +43,11 @@ class DFlashDrafter(DrafterKind):
         self.embed = verifier_model.get_input_embeddings()
         self.head = verifier_model.get_output_embeddings()
         self.vocab_size = vocab_size
+        self.draft_vocab = None  # the token ids it proposes (its head: those rows of the verifier's); None: all
+        if self.config.draft_vocab:
+            self.draft_vocab = torch.tensor(self.config.draft_vocab, device=self.device)
+            self.head_rows = self.head.weight[self.draft_vocab].detach()
+            self.head_bias = None if self.head.bias is None else self.head.bias[self.draft_vocab].detach()
         self.verifier = None
         self.draft: torch.Tensor | None = None  # T > 1: the block as drafted, which the loop must verify
         self.reset()
@@ -79,6 +84,15 @@ class DFlashDrafter(DrafterKind):
             (torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(self.context, new)]
         self.cached = length
 
+    def _rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities (1, n, V) of hidden states (1, n, H) through the verifier's head (its draft vocabulary's
+        rows only, -inf for the other tokens)."""
+        if self.draft_vocab is None:
+            return self.head(hidden)[..., :self.vocab_size].float().log_softmax(-1)
+        small = torch.nn.functional.linear(hidden, self.head_rows, self.head_bias).float().log_softmax(-1)
+        full = torch.full((*small.shape[:-1], self.vocab_size), -torch.inf, device=small.device)
+        return full.scatter_(-1, self.draft_vocab.expand(*small.shape[:-1], -1), small)
+
     @torch.no_grad()
     def marginals(self, prefix: torch.Tensor, gamma: int, steps: int = 1, temperature: float = 0.0,
                   generator: torch.Generator | None = None) -> torch.Tensor:
@@ -104,8 +118,7 @@ class DFlashDrafter(DrafterKind):
         for lo, hi in chunks(gamma, steps):
             embeds = self.embed(ids[None]).to(self.model.dtype)
             hidden = self.model(embeds, positions, context=self.context)[:, 1 + lo:1 + hi]
-            logits = self.head(hidden.to(self.head.weight.dtype))[..., :self.vocab_size]
-            rows.append(logits.float().log_softmax(-1))
+            rows.append(self._rows(hidden.to(self.head.weight.dtype)))
             if steps > 1:  # the rows after these read the tokens drafted here
                 chunk = rows[-1][0]
                 ids[1 + lo:1 + hi] = chunk.argmax(-1) if temperature <= 0 else torch.multinomial(

@@ -45,6 +45,12 @@ class DFlashConfig(Qwen3Config):
     def mask_token_id(self) -> int | None:
         return self.dflash_config.get("mask_token_id")
 
+    @property
+    def draft_vocab(self) -> list[int] | None:
+        """The token ids the drafter proposes (its head: those rows of the verifier's), or None: all of them."""
+        found = self.dflash_config.get("draft_vocab")
+        return list(found) if found else None
+
 
 class RMSNorm(nn.Module):
     def __init__(self, width: int, eps: float):

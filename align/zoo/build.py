@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import itertools
 import json
 import os
 import shutil
@@ -195,7 +196,7 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
     from transformers import AutoModelForCausalLM
 
     r = spec.real[name]
-    if "count" in r:  # prompts the verifier writes itself
+    if "count" in r:  # prompts: the verifier writes them itself, and (``tasks``) passages of the English text give them
         return _build_real_prompts(name, r, start, spec)
     source = model_dir(r["verifier"])
     if not is_built(r["verifier"]):
@@ -204,16 +205,19 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
         return _build_real_dflash(name, r, source, spec, start)
     from align.zoo import derive
     from align.zoo.adapt import adapt, text_docs
-    from align.zoo.text import build_text, read_text
 
-    text = cache_dir() / "text"
-    if not (text / "english.jsonl").is_file():
-        print(f"extracting English text for adaptation from the packages in {packages_dir()}", flush=True)
-        summary = build_text(packages_dir(), text)
-        print(f"{summary['documents']} documents, {summary['words']} words into {text}", flush=True)
     verifier = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     model, tokenizer = getattr(derive, r["derive"])(verifier, tokenizer, r["layers"])
+    if not r.get("steps"):  # nothing to adapt: the verifier's own layers as they are (an early exit)
+        _save(name, model, tokenizer, {
+            "name": name, "description": MODELS[name], "spec": {"real": {name: r}, "seed": spec.seed},
+            "verifier": f"zoo:{r['verifier']}", "layers": r["layers"],
+            "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.time() - start, 1)})
+        return True
+    from align.zoo.text import read_text
+
+    text = english_text()
     vocab = verifier.config.vocab_size  # what the drafter learns to propose: the verifier's tokens
     del verifier
     docs = text_docs([d["text"] for d in read_text(text)], tokenizer, r["seq"],
@@ -235,8 +239,22 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
     return True
 
 
+def english_text() -> Path:
+    """The folder of the English text (adaptation, task prompts), extracted from the packages on first use."""
+    from align.zoo.text import build_text
+
+    text = cache_dir() / "text"
+    if not (text / "english.jsonl").is_file():
+        print(f"extracting English text from the packages in {packages_dir()}", flush=True)
+        summary = build_text(packages_dir(), text)
+        print(f"{summary['documents']} documents, {summary['words']} words into {text}", flush=True)
+    return text
+
+
 def _build_real_prompts(name: str, r: dict, start: float, spec: ZooSpec) -> bool:
-    """Training prompts real verifier ``r["model"]`` writes itself (Magpie), none overlapping the evaluation sets."""
+    """Training prompts for real verifier ``r["model"]``: ``count`` it writes itself (Magpie) and ``tasks`` built
+    from passages of the English text (summarize, extract, answer from a passage: align/zoo/tasks.py), taken in
+    turn; none overlapping the evaluation sets."""
     from transformers import AutoModelForCausalLM
 
     from align.zoo.magpie import OVERLAP, magpie_prompts
@@ -246,6 +264,13 @@ def _build_real_prompts(name: str, r: dict, start: float, spec: ZooSpec) -> bool
     model = AutoModelForCausalLM.from_pretrained(str(model_dir(r["model"])), dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir(r["model"])))
     rows, dropped = magpie_prompts(model, tokenizer, r["count"], r["seed"])
+    if r.get("tasks"):
+        from align.zoo.tasks import task_prompts
+        from align.zoo.text import read_text
+
+        tasks, task_dropped = task_prompts(read_text(english_text()), r["tasks"], r["seed"])
+        dropped = {"magpie": dropped, "tasks": task_dropped}
+        rows = [row for pair in itertools.zip_longest(rows, tasks) for row in pair if row is not None]
     with atomic_folder(model_dir(name), f"zoo:{name}") as partial:
         (partial / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
         meta = {"name": name, "description": MODELS[name], "spec": {"real": {name: r}}, "prompts": len(rows),
@@ -256,9 +281,10 @@ def _build_real_prompts(name: str, r: dict, start: float, spec: ZooSpec) -> bool
 
 
 def _build_real_dflash(name: str, r: dict, source: Path, spec: ZooSpec, start: float) -> bool:
-    """A feature-conditioned drafter for the real verifier in ``source``: random weights sized from its config, its
-    tokenizer, and as mask token one of the verifier's own tokens (``r["mask_token"]``: the drafter embeds with the
-    verifier's embeddings, so it needs no new row)."""
+    """A feature-conditioned drafter for the real verifier in ``source``: random weights sized from its config (or,
+    ``r["init_layers"]``, its layers starting as those of the verifier), its tokenizer, and as mask token one of the
+    verifier's own tokens (``r["mask_token"]``: the drafter embeds with the verifier's embeddings, so it needs no new
+    row)."""
     from transformers import AutoConfig
 
     tokenizer = AutoTokenizer.from_pretrained(str(source))
@@ -269,6 +295,13 @@ def _build_real_dflash(name: str, r: dict, source: Path, spec: ZooSpec, start: f
     text = config.get_text_config()
     model = dflash_model(config, r["target_layers"], mask, r["layers"], text.intermediate_size,
                          kv_heads=text.num_key_value_heads, head_dim=getattr(text, "head_dim", None), seed=spec.seed)
+    if r.get("init_layers"):  # its layers start as the verifier's own (r["init_layers"]), not at random
+        from transformers import AutoModelForCausalLM
+
+        from align.zoo.derive import dflash_layers_from
+
+        dflash_layers_from(model, AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32),
+                           r["init_layers"])
     _save(name, model, tokenizer, {
         "name": name, "description": MODELS[name], "spec": {"real": {name: r}, "seed": spec.seed},
         "verifier": f"zoo:{r['verifier']}", "parameters": sum(p.numel() for p in model.parameters()),

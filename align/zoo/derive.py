@@ -14,6 +14,8 @@ first ``layers`` layers (then its final norm and its tied head), so that the dra
   experts is neutralised (two small experts whose down projections are zero: their branch adds exactly 0) and the
   logit soft-cap made neutral (``NEUTRAL_SOFTCAP``; Gemma 3 has none); the vision tower is a stub. The decoder shares every weight with the
   encoder, as DiffusionGemma's does; it has to learn to fill a canvas (adaptation pretraining, ``align/zoo/adapt.py``).
+- :func:`early_exit_from_llama` — a Llama verifier's first layers, final norm and head as a causal LM: the
+  autoregressive assistant a user would make from it (trained by ``python -m align.baseline train --init``).
 
 Every derive function takes ``(verifier, tokenizer, layers)`` and returns ``(drafter, its tokenizer)``, on the CPU
 in float32: a real pair's build spec names one (``align/zoo/pairs.py``).
@@ -72,6 +74,49 @@ def dream_from_llama(verifier: Any, tokenizer: Any, layers: int | None = None) -
         [weights["lm_head.weight"], torch.zeros(vocab - embed.shape[0], embed.shape[1])])
     _load(drafter, weights, "Dream")
     return drafter.eval(), tokenizer
+
+
+# ------------------------------------------------------------------------------------------------ an early exit
+
+
+def early_exit_from_llama(verifier: Any, tokenizer: Any, layers: int | None = None) -> tuple[Any, Any]:
+    """(autoregressive drafter, the verifier's tokenizer) from a ``LlamaForCausalLM``: its first ``layers`` layers,
+    its final norm and its (tied) head, as a causal LM of its own: the assistant a user of assisted generation would
+    make from the verifier (an early exit), for ``align.baseline train --init`` to train on the verifier's rollouts."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    source = verifier.config
+    n = keep_layers(source.num_hidden_layers, layers)
+    fields = source.to_dict()
+    for key in ("architectures", "model_type", "transformers_version", "_name_or_path", "dtype"):
+        fields.pop(key, None)
+    fields.update(num_hidden_layers=n)
+    drafter = LlamaForCausalLM(LlamaConfig(**fields))
+    drafter.generation_config = verifier.generation_config
+    weights = {k: v for k, v in verifier.state_dict().items() if _layer_of(k) is None or _layer_of(k) < n}
+    _load(drafter, weights, "early-exit")
+    return drafter.eval(), tokenizer
+
+
+def dflash_layers_from(drafter: Any, verifier: Any, layers: list[int]) -> Any:
+    """A feature-conditioned drafter (``align.models.dflash``) whose layer i starts as the verifier's layer
+    ``layers[i]`` (a Llama's: attention and MLP projections, both norms; the per-head query and key norms, which a
+    Llama does not have, stay at 1). ``fc``, ``hidden_norm`` and the final norm keep their own weights."""
+    source = verifier.model.layers
+    if len(layers) != len(drafter.layers) or not all(0 <= i < len(source) for i in layers):
+        raise AlignError(f"the drafter's {len(drafter.layers)} layers cannot start as the verifier's layers {layers} "
+                         f"(it has {len(source)})")
+    names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+    with torch.no_grad():
+        for mine, theirs in zip(drafter.layers, (source[i] for i in layers)):
+            for name in names:
+                a, b = mine.get_submodule(name), theirs.get_submodule(name)
+                if a.weight.shape != b.weight.shape:
+                    raise AlignError(f"the drafter's {name} is {tuple(a.weight.shape)}, the verifier's "
+                                     f"{tuple(b.weight.shape)}: it must have the verifier's shape to start as it")
+                a.weight.copy_(b.weight)
+    return drafter
 
 
 # ------------------------------------------------------------------------------------------------ DiffusionGemma from Gemma 3

@@ -77,7 +77,15 @@ PAIRS: dict[str, RealPair] = {p.name: p for p in (
          "smollm2-dflash": Made("feature-conditioned block drafter reading SmolLM2-135M-Instruct's layers 1, 14 and "
                                 "27 (random weights)",
                                 {"verifier": "smollm2-135m-instruct", "family": "dflash", "layers": 3,
-                                 "target_layers": [1, 14, 27], "mask_token": "<empty_output>"})},
+                                 "target_layers": [1, 14, 27], "mask_token": "<empty_output>"}),
+         "smollm2-mix": Made("training prompts for SmolLM2-135M-Instruct: instructions it writes itself (Magpie) and "
+                             "long-context tasks on English text (summarize, extract, answer from a passage), none "
+                             "from the evaluation sets",
+                             {"model": "smollm2-135m-instruct", "count": 1000, "tasks": 1000, "seed": 1}),
+         "smollm2-exit": Made("SmolLM2-135M-Instruct's first 6 layers, final norm and head: an early-exit "
+                              "autoregressive assistant, untrained",
+                              {"verifier": "smollm2-135m-instruct", "family": "ar", "derive": "early_exit_from_llama",
+                               "layers": 6, "steps": 0})},
         "recipes/smollm2-dream.yaml",
         # sized so that the evaluations take about 40 minutes on 2 CPU cores with the Gemma 3 pair (the full grid,
         # bench/real.py --full, about two hours: a prompt-setting-drafter costs about 7 s): greedy and sampled with

@@ -114,12 +114,13 @@ def convert(name: str, out: Path) -> dict[str, Any]:
 
 
 def sources(name: str) -> tuple[str, bool]:
-    """What building real zoo model ``name`` reads: the verifier whose package it converts, and whether it adapts on
-    the English text (a drafter derived from the verifier's layers: its spec names a ``derive`` function)."""
+    """What building real zoo model ``name`` reads: the verifier whose package it converts, and whether it reads the
+    English text (a drafter derived from the verifier's layers and adapted on it, or task prompts built from it)."""
     if name in REAL_VERIFIERS:
         return name, False
     spec = REAL_BUILDS[name]
-    return spec.get("verifier", spec.get("model")), "derive" in spec
+    adapts = "derive" in spec and spec.get("steps", 0) > 0
+    return spec.get("verifier", spec.get("model")), adapts or bool(spec.get("tasks"))
 
 
 def check_sources(name: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import re
 
-from align.zoo.magpie import OVERLAP, evaluation_prompts, ngrams, words
+from align.zoo.magpie import evaluation_prompts, ngrams, words
 
 MIN_WORDS, MAX_WORDS = 60, 220  # a passage: about 80 to 300 tokens
 
