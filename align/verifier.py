@@ -231,7 +231,7 @@ def _alone(verifier, prompt, max_new_tokens, eos_token_ids, temperature, seed) -
 
 
 def sampling_config(max_new_tokens: int, temperature: float, top_p: float, eos: list[int] | int | None,
-                    pad: int | None, n: int = 1) -> "GenerationConfig":
+                    pad: int | None, n: int = 1) -> Any:
     """Every logits processor ``generate`` would apply, set explicitly: greedy at temperature 0, else plain
     temperature (and nucleus) sampling — no repetition penalty, no n-gram ban, no top-k."""
     from transformers import GenerationConfig

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -41,11 +42,14 @@ FULL = ["--gamma", "16,8", "--k", "1,4", "--temperature", "0,1"]  # greedy and s
 # the grid a machine with more time runs (python bench/real.py --full)
 
 
-def run(stage: str, command: list[str], times: dict) -> None:
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # rollouts with data.backend: vllm run there (make vllm-env)
+
+
+def run(stage: str, command: list[str], times: dict, env: dict | None = None) -> None:
     """Run one stage's command (stdout and stderr pass through), time it, stop on failure."""
     print(f"\n=== {stage}: {' '.join(command)}", flush=True)
     start = time.time()
-    done = subprocess.run(command, cwd=ROOT)
+    done = subprocess.run(command, cwd=ROOT, env=None if env is None else {**os.environ, **env})
     times[stage] = round(time.time() - start, 1)
     (OUT / "stages.json").write_text(json.dumps(times, indent=1))
     if done.returncode:
@@ -75,13 +79,51 @@ def final(pair: str) -> str:
     return f"runs/{Path(PAIRS[pair].recipe).stem}/final"
 
 
+def rollouts(stage: str, recipe: str, times: dict) -> None:
+    """``python -m align.rollouts`` for ``recipe``, in .venv-vllm when it rolls out with vLLM."""
+    import yaml
+
+    backend = (yaml.safe_load(open(ROOT / recipe)).get("data") or {}).get("backend", "hf")
+    if backend != "vllm":
+        run(stage, [sys.executable, "-m", "align.rollouts", recipe], times)
+        return
+    if not VLLM_PYTHON.is_file():
+        raise SystemExit(f"{recipe} rolls out with vLLM, which runs in .venv-vllm: make vllm-env first")
+    run(stage, [str(VLLM_PYTHON), "-m", "align.rollouts", recipe], times,
+        env={"PYTHONPATH": str(ROOT), "ALIGN_VLLM_KV_GIB": os.environ.get("ALIGN_VLLM_KV_GIB", "3"),
+             "VLLM_LOGGING_LEVEL": "ERROR"})
+
+
+def headline(pair: str, per_category: int, tokens: int, times: dict, train: bool) -> None:
+    """The pair's headline: its shipped drafter trained on its rollouts, the autoregressive assistant trained on the
+    same rollouts for the same time, and one interleaved Spec-Bench run of both against generate, prompt lookup and
+    assisted generation (eval.acceptance --interleave)."""
+    h = PAIRS[pair].headline
+    run_dir = f"runs/{Path(h.recipe).stem}"
+    if train:
+        rollouts(f"rollouts {pair} headline", h.recipe, times)
+        run(f"align {pair} headline", [sys.executable, "align/train.py", h.recipe], times)
+        run(f"assistant {pair}", [sys.executable, "-m", "align.baseline", "train", "--run", run_dir,
+                                  "--out", h.assistant_out, "--init", h.assistant_init], times)
+    run(f"eval {pair} headline",
+        [sys.executable, "-m", "eval.acceptance", "--ckpt", f"{run_dir}/final", "--baseline", "none", "--suite",
+         "specbench", "--per-category", str(per_category), "--max-new-tokens", str(tokens), "--temperature", "0",
+         "--interleave", *h.args, "--assistant", h.assistant_out, "--drafter", f"ar={h.assistant_out}",
+         "--out", str(OUT / "eval" / f"{pair}-headline")], times)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pairs", default="smollm2,gemma3", help="comma list of: " + ", ".join(PAIRS))
+    p.add_argument("--pairs", default="smollm2", help="comma list of: " + ", ".join(PAIRS))
     p.add_argument("--per-category", type=int, default=1, help="Spec-Bench questions per category (13 categories)")
     p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--headline-per-category", type=int, default=3, help="the headline's Spec-Bench questions per "
+                   "category")
+    p.add_argument("--headline-tokens", type=int, default=64, help="the headline's new tokens per question")
     p.add_argument("--samples", type=int, default=300, help="speculative samples of the sampling check")
     p.add_argument("--eval-only", action="store_true", help="skip the zoo and training stages (already done)")
+    p.add_argument("--headline-only", action="store_true", help="only the pairs' headlines (their shipped drafters "
+                   "against what a user already has), not the adapted and aligned drafters' evaluations")
     p.add_argument("--dflash", action="store_true", help="also the further drafters of the pairs that have them (their "
                    "records' `more`, align/zoo/pairs.py: " + ", ".join(f"{p.name}: {', '.join(p.more)}" for p in
                                                                        PAIRS.values() if p.more) +
@@ -96,19 +138,27 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     times = json.loads((OUT / "stages.json").read_text()) if (OUT / "stages.json").is_file() else {}
     if not args.eval_only:
-        recipes = {pair: [PAIRS[pair].recipe] + (list(PAIRS[pair].more.values()) if args.dflash else [])
-                   for pair in pairs}
+        recipes = {pair: ([] if args.headline_only else [PAIRS[pair].recipe]) +
+                   (list(PAIRS[pair].more.values()) if args.dflash else []) +
+                   ([PAIRS[pair].headline.recipe] if PAIRS[pair].headline else []) for pair in pairs}
         names = list(dict.fromkeys(n for pair in pairs for recipe in recipes[pair] for n in zoo_names(recipe)))
-        for name in names:  # what each recipe reads, in build order
+        names += [PAIRS[p].headline.assistant_init[4:] for p in pairs if PAIRS[p].headline]
+        for name in dict.fromkeys(names):  # what each recipe reads, in build order
             run(f"zoo {name}", [sys.executable, "-m", "align.zoo", "build", name], times)
         for pair in pairs:
-            recipe = PAIRS[pair].recipe
-            run(f"rollouts {pair}", [sys.executable, "-m", "align.rollouts", recipe], times)
-            run(f"align {pair}", [sys.executable, "align/train.py", recipe], times)
+            if not args.headline_only:
+                recipe = PAIRS[pair].recipe
+                rollouts(f"rollouts {pair}", recipe, times)
+                run(f"align {pair}", [sys.executable, "align/train.py", recipe], times)
             if args.dflash:
                 for label, more in PAIRS[pair].more.items():
-                    run(f"align {pair} {label}", [sys.executable, "align/train.py", more], times)
+                    if not (PAIRS[pair].headline and PAIRS[pair].headline.recipe == more):
+                        run(f"align {pair} {label}", [sys.executable, "align/train.py", more], times)
     for pair in pairs:
+        if PAIRS[pair].headline:
+            headline(pair, args.headline_per_category, args.headline_tokens, times, not args.eval_only)
+        if args.headline_only:
+            continue
         evaluate(pair, "probe8", None, args.max_new_tokens, times, args.full, args.dflash)
         evaluate(pair, "specbench", args.per_category, args.max_new_tokens, times, args.full, args.dflash)
         lossless_bf16(pair, args.max_new_tokens, times)

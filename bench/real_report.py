@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from align.zoo.pairs import PAIRS
-from eval.report import category_table, cost_table, setting_name, summary_table
+from eval.report import (alternatives_table, category_speed_table, category_table, cost_table, setting_name,
+                         summary_table)
 
 
 def _document(folder: Path) -> dict[str, Any] | None:
@@ -92,6 +93,18 @@ def write_real_report(out: Path, pairs: list[str], times: dict[str, float]) -> P
     sections += [f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items()]
     sections.append(f"| **all** | **{sum(times.values()):.0f}** |")
     for pair in pairs:
+        top = _document(out / "eval" / f"{pair}-headline")
+        if top:
+            h = PAIRS[pair].headline
+            sections += ["", f"## {pair}: the shipped drafter against what a user already has", "",
+                         f"`{h.recipe}`'s drafter, on Spec-Bench ({top['n_prompts']} questions, first turns, "
+                         f"{top['max_new_tokens']} new tokens, greedy), each question through every method in turn "
+                         "(interleaved); `generate` is transformers' own, prompt lookup and assisted generation its "
+                         f"`prompt_lookup_num_tokens` and `assistant_model` (the assistant: `{h.assistant_out}`, "
+                         f"from `{h.assistant_init}`, trained on the same rollouts for the same time).", "",
+                         alternatives_table(top), "", "Per category, tokens/s over `generate`'s:", "",
+                         category_speed_table(top), "", "Every setting:", "", summary_table(top["results"]), "",
+                         "The block's time split:", "", cost_table(top["results"]), ""]
         sections += ["", f"## {PAIRS[pair].title}", ""]
         spec = _document(out / "eval" / f"{pair}-specbench")
         probe = _document(out / "eval" / f"{pair}-probe8")

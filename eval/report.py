@@ -112,7 +112,7 @@ def category_speed_table(document: dict[str, Any]) -> str:
         best = max((v for v in values if v is not None), default=None)
         lines.append(f"| {cat} | " + " | ".join("-" if v is None else (f"**{v:.2f}**" if v == best else f"{v:.2f}")
                                                   for v in values) + " |")
-    lines.append(f"| **all** | " + " | ".join(f"{r['speedup_vs_generate']:.2f}" for r in rows) + " |")
+    lines.append("| **all** | " + " | ".join(f"{r['speedup_vs_generate']:.2f}" for r in rows) + " |")
     return "\n".join(lines)
 
 

