@@ -97,6 +97,10 @@ class DataConfig:
                                     "its encoder pass; each epoch cuts every rollout's windows into groups of this "
                                     "many. Smaller: more rollouts per micro-batch (more next-token labels, more varied "
                                     "windows) for more encoder work. null: 256 / distill.gamma.", min=1)
+    train_rollouts: int | None = option(None, "Train on at most this many of the training rollouts, a fixed subset "
+                                        "(by a hash of the prompt id: each smaller subset inside the larger), the "
+                                        "held-out ones unchanged; null: all. The data curve (bench/data_curve.py).",
+                                        min=1)
     heldout_fraction: float = option(0.05, "Fraction of prompts whose rollouts are held out for evaluation windows.",
                                      min=0.0, max=0.5)
     feature_cache: bool = option(False, "dflash: compute the verifier's features of every rollout once, before "

@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 
 from align.config import load_recipe, packing_on, save_recipe
 from align.distill.backend import Engine, list_checkpoints
-from align.distill.data import WindowOrder, heldout_rows, rollout_spans, whole_rollouts, within_vocab
+from align.distill.data import (WindowOrder, heldout_rows, rollout_spans, subset, whole_rollouts,
+                               within_vocab)
 from align.distill.distributed import barrier, init_distributed
 from align.distill.lora import add_lora
 from align.distill.packing import offsets_per_call
@@ -83,7 +84,7 @@ def main(argv: list[str]) -> int:
               "names, which the drafter cannot propose): each is cut before its first such token", flush=True)
     held = heldout_rows(rows, recipe.data.heldout_fraction)
     heldout = [i for i in range(len(rows)) if held[i]]
-    train_rows = [i for i in range(len(rows)) if not held[i]]
+    train_rows = subset(rows, [i for i in range(len(rows)) if not held[i]], recipe.data.train_rollouts)
     gamma = recipe.distill.gamma
     if max(lengths, default=0) < gamma:
         raise AlignError(f"distill.gamma ({gamma}) is longer than every rollout (the longest has {max(lengths, default=0)} "
@@ -94,8 +95,8 @@ def main(argv: list[str]) -> int:
     data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs)}
     if lead:
         how = "packed: each rollout's windows from one encoder pass" if packing_on(recipe) else "one pass per window"
-        print(f"{len(rows)} rollouts: {len(train_pairs)} training windows ({how}), {len(eval_pairs)} held-out "
-              f"windows (gamma {gamma})", flush=True)
+        print(f"{len(rows)} rollouts, {len(train_rows)} of them trained on: {len(train_pairs)} training windows "
+              f"({how}), {len(eval_pairs)} held-out windows (gamma {gamma})", flush=True)
 
     # ----------------------------------------------------------------------------------------- models
     Strategy = strategy_for(recipe)  # how this kind of drafter trains (align/distill/strategy.py)

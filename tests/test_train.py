@@ -462,3 +462,15 @@ def test_greedy_rollouts_are_shared_by_every_seed_and_sampled_ones_are_not():
 
     assert len(folders(0.0)) == 1
     assert len(folders(1.0)) == 3
+
+
+def test_train_rollouts_takes_nested_subsets_and_leaves_the_heldout_alone():
+    from align.distill.data import heldout_rows, subset
+
+    rows = [{"prompt_id": f"p{i}"} for i in range(200)]
+    held = heldout_rows(rows, 0.1)
+    train = [i for i in range(len(rows)) if not held[i]]
+    small, large = subset(rows, train, 20), subset(rows, train, 80)
+    assert len(small) == 20 and len(large) == 80 and set(small) <= set(large) <= set(train)
+    assert small == sorted(small) and subset(rows, train, None) == train and subset(rows, train, 10_000) == train
+    assert set(small) != set(train[:20])  # a hash's choice, not the first rows (the prompts' file order is by kind)

@@ -25,6 +25,15 @@ def heldout_rows(rows: list[dict], fraction: float) -> list[bool]:
     return [zlib.crc32(str(r["prompt_id"]).encode()) % 10_000 < int(fraction * 10_000) for r in rows]
 
 
+def subset(rows: list[dict], indices: list[int], limit: int | None) -> list[int]:
+    """At most ``limit`` of ``indices`` (rows of ``rows``), chosen by a hash of their prompt ids, so that a smaller
+    subset lies inside every larger one; in their given order. ``None``: all."""
+    if limit is None or limit >= len(indices):
+        return indices
+    keep = set(sorted(indices, key=lambda i: zlib.crc32(f"subset|{rows[i]['prompt_id']}".encode()))[:limit])
+    return [i for i in indices if i in keep]
+
+
 class WindowOrder:
     """The data order: epoch e is a seeded permutation of all windows; step s takes the next global batch.
 
