@@ -42,9 +42,9 @@ $(VENV)/.real: $(VENV)/.installed
 real-install: $(VENV)/.real
 
 # the real pairs from nothing to a report (bench/real.py; runs/real/report.md): the SmolLM2 pair's headline (its
-# feature-conditioned drafter against generate, prompt lookup and an assistant trained the same time), then its
-# Dream drafter adapted and aligned. PAIRS=smollm2,gemma3 adds the Gemma 3 pair; REAL_ARGS passes more options
-# (REAL_ARGS=--headline-only: the headline alone)
+# feature-conditioned drafter against generate, prompt lookup and an assistant trained the same time).
+# PAIRS=smollm2,gemma3 adds the Gemma 3 pair (adapted and aligned); REAL_ARGS passes more options
+# (REAL_ARGS=--adapted: the Dream drafter adapted and aligned too)
 PAIRS ?= smollm2
 real: real-install vllm-env
 	$(PY) bench/real.py --pairs $(PAIRS) $(REAL_ARGS)

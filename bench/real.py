@@ -1,25 +1,29 @@
-"""``make real``: the two real pairs from nothing to a report, every stage through the project's own commands.
+"""``make real``: the real pairs from nothing to a report, every stage through the project's own commands.
 
-    make real                                  # install, then this script (what a user runs)
-    python bench/real.py [--pairs smollm2,gemma3] [--eval-only] [--dflash]
+    make real                                  # install, then this script (what a user runs): the SmolLM2 headline
+    python bench/real.py [--pairs smollm2,gemma3] [--eval-only] [--adapted] [--dflash]
 
 Stages, each timed (``runs/real/stages.json``):
 
-1. the zoo: both verifiers converted from their packages' GGUF files, SmolLM2's Magpie prompts, both drafters made
-   from their verifier's first layers and adapted on English text (``python -m align.zoo build``);
-2. per pair: rollouts (``python -m align.rollouts``) and alignment (``align/train.py``), from the pair's recipe;
-3. per pair: ``eval.acceptance`` of the adapted (unaligned) and the aligned drafter against the verifier, on the
-   probe's eight prompts and on Spec-Bench's questions (the first ``--per-category`` of each category, first turns):
-   greedy and sampled (temperature 1), γ 8 and 16, self-selection K 1 and 4 (greedy: the verifier scorer; sampled:
-   recursive rejection over the K drafts), T 1 (each pair's ``grids``, align/zoo/pairs.py: a part of that grid
-   that 2 CPU cores run in about 40 minutes; ``--full`` runs all of it);
-4. per pair: greedy losslessness in bfloat16 (exact / near-tie / mismatch), and sampling losslessness at a small
-   scale: the first two generated tokens of speculative sampling against the verifier's exact distribution;
-5. ``runs/real/report.md``: the tables (``eval/report.py``) of every evaluation, the probe beside the seed's figures.
+1. the zoo: what the recipes read, built by ``python -m align.zoo build`` (verifiers converted from their packages'
+   GGUF files, training prompts, drafters made from the verifier);
+2. the headline of each pair that has one (its record's ``headline``, align/zoo/pairs.py; SmolLM2's): rollouts of
+   its recipe (in ``.venv-vllm`` where the recipe rolls out with vLLM), the shipped drafter trained on them, an
+   autoregressive assistant trained on the same rollouts for the same time (``python -m align.baseline train``),
+   and one interleaved ``eval.acceptance`` run on Spec-Bench (``--headline-per-category`` questions of each
+   category, ``--headline-tokens`` new tokens, greedy) of the drafters against transformers' ``generate``, prompt
+   lookup and assisted generation with that assistant;
+3. with ``--adapted`` (always, for a pair without a headline: Gemma 3's): rollouts and alignment of the pair's
+   adapted drafter (``recipe``), then ``eval.acceptance`` of the adapted and the aligned drafter against the
+   verifier on the probe's eight prompts and on Spec-Bench (the first ``--per-category`` of each category, first
+   turns; each pair's ``grids``, a part of the whole grid that 2 CPU cores run in about 40 minutes, ``--full``
+   all of it: greedy and sampled, γ 8 and 16, K 1 and 4), greedy losslessness in bfloat16 (exact / near-tie /
+   mismatch) and sampling losslessness at a small scale (the first two generated tokens of speculative sampling
+   against the verifier's exact distribution);
+4. ``runs/real/report.md``: the tables (``eval/report.py``) of every evaluation, the probe beside the seed's figures.
 
-The pairs are records (``align/zoo/pairs.py``): their models, recipes and grids. With ``--dflash``, a pair with
-further drafters (its record's ``more``) builds, trains and measures them too, in the same loop as the other two: the
-SmolLM2 pair's feature-conditioned drafter (``recipes/smollm2-dflash.yaml``, on the same rollouts).
+With ``--dflash`` (and ``--adapted``), a pair with further drafters (its record's ``more``) builds, trains and
+measures them beside the adapted drafter too.
 """
 
 from __future__ import annotations
@@ -103,8 +107,10 @@ def headline(pair: str, per_category: int, tokens: int, times: dict, train: bool
     if train:
         rollouts(f"rollouts {pair} headline", h.recipe, times)
         run(f"align {pair} headline", [sys.executable, "align/train.py", h.recipe], times)
+        # the same time as the drafter's whole stage (its feature cache, training and export)
         run(f"assistant {pair}", [sys.executable, "-m", "align.baseline", "train", "--run", run_dir,
-                                  "--out", h.assistant_out, "--init", h.assistant_init], times)
+                                  "--out", h.assistant_out, "--init", h.assistant_init, *h.assistant_args,
+                                  "--seconds", str(times[f"align {pair} headline"])], times)
     run(f"eval {pair} headline",
         [sys.executable, "-m", "eval.acceptance", "--ckpt", f"{run_dir}/final", "--baseline", "none", "--suite",
          "specbench", "--per-category", str(per_category), "--max-new-tokens", str(tokens), "--temperature", "0",
@@ -122,8 +128,9 @@ def main() -> None:
     p.add_argument("--headline-tokens", type=int, default=64, help="the headline's new tokens per question")
     p.add_argument("--samples", type=int, default=300, help="speculative samples of the sampling check")
     p.add_argument("--eval-only", action="store_true", help="skip the zoo and training stages (already done)")
-    p.add_argument("--headline-only", action="store_true", help="only the pairs' headlines (their shipped drafters "
-                   "against what a user already has), not the adapted and aligned drafters' evaluations")
+    p.add_argument("--adapted", action="store_true", help="also, for pairs with a headline, the adapted and aligned "
+                   "drafter of the pair's recipe (SmolLM2's Dream drafter: its rollouts, alignment, probe and "
+                   "Spec-Bench evaluations, bfloat16 and sampling checks); a pair without a headline always runs them")
     p.add_argument("--dflash", action="store_true", help="also the further drafters of the pairs that have them (their "
                    "records' `more`, align/zoo/pairs.py: " + ", ".join(f"{p.name}: {', '.join(p.more)}" for p in
                                                                        PAIRS.values() if p.more) +
@@ -137,8 +144,9 @@ def main() -> None:
         raise SystemExit(f"unknown pair '{unknown[0]}'; choose from {', '.join(PAIRS)}")
     OUT.mkdir(parents=True, exist_ok=True)
     times = json.loads((OUT / "stages.json").read_text()) if (OUT / "stages.json").is_file() else {}
+    adapted = {pair: args.adapted or PAIRS[pair].headline is None for pair in pairs}
     if not args.eval_only:
-        recipes = {pair: ([] if args.headline_only else [PAIRS[pair].recipe]) +
+        recipes = {pair: ([PAIRS[pair].recipe] if adapted[pair] else []) +
                    (list(PAIRS[pair].more.values()) if args.dflash else []) +
                    ([PAIRS[pair].headline.recipe] if PAIRS[pair].headline else []) for pair in pairs}
         names = list(dict.fromkeys(n for pair in pairs for recipe in recipes[pair] for n in zoo_names(recipe)))
@@ -146,7 +154,7 @@ def main() -> None:
         for name in dict.fromkeys(names):  # what each recipe reads, in build order
             run(f"zoo {name}", [sys.executable, "-m", "align.zoo", "build", name], times)
         for pair in pairs:
-            if not args.headline_only:
+            if adapted[pair]:
                 recipe = PAIRS[pair].recipe
                 rollouts(f"rollouts {pair}", recipe, times)
                 run(f"align {pair}", [sys.executable, "align/train.py", recipe], times)
@@ -157,7 +165,7 @@ def main() -> None:
     for pair in pairs:
         if PAIRS[pair].headline:
             headline(pair, args.headline_per_category, args.headline_tokens, times, not args.eval_only)
-        if args.headline_only:
+        if not adapted[pair]:
             continue
         evaluate(pair, "probe8", None, args.max_new_tokens, times, args.full, args.dflash)
         evaluate(pair, "specbench", args.per_category, args.max_new_tokens, times, args.full, args.dflash)

@@ -108,6 +108,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
     p.add_argument("--per-category", type=int, default=None,
                    help="use the first N prompts of each category (before --limit)")
+    p.add_argument("--skip-per-category", type=int, default=0, metavar="M",
+                   help="leave out the first M prompts of each category (with --per-category N: prompts M+1..M+N, "
+                        "e.g. a setting chosen on prompts the reported run does not use)")
     p.add_argument("--seed", type=comma_list(int), default=[0], help="seeds; several give mean ± std")
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval)")
     p.add_argument("--save-outputs", action="store_true", help="write outputs.jsonl with every output's token ids")
@@ -160,6 +163,8 @@ def model_path(path: str) -> str | None:
 def check_args(args: argparse.Namespace) -> None:
     if args.per_category is not None and args.per_category < 1:
         raise AlignError(f"--per-category must be at least 1, got {args.per_category}")
+    if args.skip_per_category < 0:
+        raise AlignError(f"--skip-per-category must be 0 or more, got {args.skip_per_category}")
     for name in ("gamma", "steps", "k"):
         bad = [v for v in getattr(args, name) or [] if v < 1]
         if bad:
@@ -227,7 +232,7 @@ def main(argv: list[str]) -> int:
     ckpt, baseline, verifier_path, family = resolve_models(args)
     suite = "prompts" if args.prompts else (args.suite or "tinyworld")
     prompts = read_prompt_file(args.prompts) if args.prompts else load_suite(suite)
-    prompts = first_per_category(prompts, args.per_category)[: args.limit]
+    prompts = first_per_category(prompts, args.per_category, args.skip_per_category)[: args.limit]
     out = Path(args.out or Path(ckpt) / "eval")
     if args.engine == "vllm":
         return through_vllm(args, ckpt, baseline, verifier_path, family, prompts, suite, out)
@@ -524,16 +529,14 @@ def through_vllm(args: argparse.Namespace, ckpt: str, baseline: str | None, veri
     return 0
 
 
-def first_per_category(prompts: list[dict], n: int | None) -> list[dict]:
-    """The first ``n`` prompts of each category, in file order (None: all)."""
-    if n is None:
-        return prompts
-    taken: dict[str, int] = {}
+def first_per_category(prompts: list[dict], n: int | None, skip: int = 0) -> list[dict]:
+    """The first ``n`` prompts of each category after its first ``skip``, in file order (None: all the rest)."""
+    seen: dict[str, int] = {}
     out = []
     for p in prompts:
         category = p.get("category", "all")
-        if taken.get(category, 0) < n:
-            taken[category] = taken.get(category, 0) + 1
+        seen[category] = seen.get(category, 0) + 1
+        if skip < seen[category] and (n is None or seen[category] <= skip + n):
             out.append(p)
     return out
 

@@ -177,3 +177,14 @@ def test_tau_and_the_vllm_acceptance_length_are_reported_apart():
     table = summary_table([r])
     assert "τ (tokens per verifier call)" in table and "1 + accepted_mean (vLLM's mean acceptance length)" in table
     assert "| 2.67 | 4.00 |" in table
+
+
+def test_per_category_takes_each_categorys_prompts_after_the_skipped_ones():
+    from eval.acceptance import first_per_category
+
+    prompts = [{"id": f"{c}{i}", "category": c} for i in range(4) for c in "ab"]  # a0 b0 a1 b1 ...
+    ids = lambda chosen: [p["id"] for p in chosen]  # noqa: E731
+    assert ids(first_per_category(prompts, 2)) == ["a0", "b0", "a1", "b1"]
+    assert ids(first_per_category(prompts, 1, skip=2)) == ["a2", "b2"]
+    assert ids(first_per_category(prompts, None, skip=3)) == ["a3", "b3"]
+    assert first_per_category(prompts, None) == prompts

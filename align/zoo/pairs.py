@@ -52,6 +52,7 @@ class Headline:
     recipe: str  # the shipped drafter's recipe (its rollouts, its training)
     assistant_init: str  # the autoregressive assistant's starting point, trained on the same rollouts for the same time
     assistant_out: str  # where that assistant is written
+    assistant_args: tuple[str, ...]  # its python -m align.baseline train settings (its tuned learning rate)
     args: tuple[str, ...]  # eval.acceptance's settings and alternatives (the assistant's path is added)
 
 
@@ -106,7 +107,7 @@ PAIRS: dict[str, RealPair] = {p.name: p for p in (
          "specbench": ["--gamma", "16,8", "--k", "1", "--temperature", "0"]},
         more={"dflash": "recipes/smollm2-dflash.yaml"},
         headline=Headline(
-            "recipes/smollm2-dflash.yaml", "zoo:smollm2-exit", "runs/smollm2-ar",
+            "recipes/smollm2-dflash.yaml", "zoo:smollm2-exit", "runs/smollm2-ar", ("--lr", "3e-4"),
             ("--gamma", "2,4", "--stop-below", "0,0.3", "--prompt-lookup", "4",
              "--drafter", "lookup=ngram:3", "--drafter", "lookup+dflash=ngram:3+runs/smollm2-dflash/final"))),
     RealPair(
