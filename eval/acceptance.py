@@ -75,15 +75,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dflash-drafter", default=None, help="the same as --drafter dflash=PATH (a feature-conditioned "
                    "drafter trained against the same verifier)")
     p.add_argument("--family", default=None, help="family of --ckpt and --baseline (default: meta.json's, or detected)")
-    p.add_argument("--prompt-lookup", type=int, default=None, metavar="N",
+    p.add_argument("--prompt-lookup", type=comma_list(int), default=[], metavar="N",
                    help="also measure transformers' prompt-lookup decoding, generate(prompt_lookup_num_tokens=N): what "
-                        "a user has for free (label 'prompt lookup', beside generate, in the same loop of prompts)")
+                        "a user has for free (label 'prompt lookup N', beside generate, in the same loop of prompts; "
+                        "comma list)")
     p.add_argument("--assistant", default=None, metavar="PATH",
                    help="also measure transformers' assisted generation with this causal LM as the assistant, "
                         "generate(assistant_model=...) (label 'assisted'); --drafter ar=PATH runs it in align's loop")
-    p.add_argument("--assistant-tokens", type=int, default=None, metavar="N",
-                   help="the assistant's draft tokens per step (its generation config's num_assistant_tokens; "
-                        "default: transformers' own, adjusted as it goes)")
+    p.add_argument("--assistant-tokens", type=comma_list(int), default=[], metavar="N",
+                   help="the assistant's draft tokens per step (its generation config's num_assistant_tokens, label "
+                        "'assisted N'; comma list; default: transformers' own, label 'assisted')")
     p.add_argument("--suite", default=None, help=f"prompt suite: {', '.join(SUITES)} (default tinyworld)")
     p.add_argument("--prompts", default=None, help='JSONL of {"id", "prompt", "category"?} instead of a suite')
     p.add_argument("--gamma", type=comma_list(int), default=[16], help="block lengths (comma list)")
@@ -146,6 +147,7 @@ def labelled(text: str) -> tuple[str, str]:
 
 
 RESERVED = ("aligned", "baseline", "generate", "alone", "prompt lookup", "assisted")  # the evaluation's own labels
+# (and their prefixes: "prompt lookup 4", "assisted 3")
 
 
 def relaxed_rule(spec: str):
@@ -178,9 +180,15 @@ def check_args(args: argparse.Namespace) -> None:
     args.rules = [relaxed_rule(spec) for spec in args.relaxed]  # each refused now, by name, when malformed
     labels = [label for label, _ in args.drafter]
     for label in labels:
-        if label in RESERVED or labels.count(label) > 1:
-            raise AlignError(f"--drafter label '{label}' is {'taken' if label in RESERVED else 'given twice'}: each "
-                             f"drafter needs a label of its own, none of {', '.join(RESERVED)}")
+        taken = label.startswith(RESERVED)
+        if taken or labels.count(label) > 1:
+            raise AlignError(f"--drafter label '{label}' is {'taken' if taken else 'given twice'}: each drafter needs "
+                             f"a label of its own, starting with none of {', '.join(RESERVED)}")
+    if any(n < 1 for n in args.prompt_lookup + args.assistant_tokens):
+        raise AlignError("--prompt-lookup and --assistant-tokens count draft tokens: give values of 1 or more")
+    if args.assistant_tokens and not args.assistant:
+        raise AlignError("--assistant-tokens sets the assistant's draft length: give the assistant too (--assistant "
+                         "PATH)")
 
 
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]:
@@ -432,14 +440,18 @@ def summarize_job(job: Job, records: list[PromptRecord], reference: dict, alone:
 
 def alternative_options(args: argparse.Namespace, device: str) -> list[tuple[str, dict[str, Any]]]:
     """(label, ``generate`` options) of the alternatives asked for: prompt lookup, an assistant model."""
-    found = []
-    if args.prompt_lookup:
-        found.append(("prompt lookup", {"prompt_lookup_num_tokens": args.prompt_lookup}))
+    import copy
+
+    found = [(f"prompt lookup {n}", {"prompt_lookup_num_tokens": n}) for n in args.prompt_lookup]
     if args.assistant:
         assistant, _ = load_verifier_model(args.assistant, args.dtype, device, role="assistant")
-        if args.assistant_tokens:
-            assistant.generation_config.num_assistant_tokens = args.assistant_tokens
-        found.append(("assisted", {"assistant_model": assistant}))
+        for n in args.assistant_tokens or [None]:
+            model = assistant
+            if n is not None:  # the same weights, a generation config of its own
+                model = copy.copy(assistant)
+                model.generation_config = copy.deepcopy(assistant.generation_config)
+                model.generation_config.num_assistant_tokens = n
+            found.append(("assisted" if n is None else f"assisted {n}", {"assistant_model": model}))
     return found
 
 

@@ -188,3 +188,32 @@ def test_per_category_takes_each_categorys_prompts_after_the_skipped_ones():
     assert ids(first_per_category(prompts, 1, skip=2)) == ["a2", "b2"]
     assert ids(first_per_category(prompts, None, skip=3)) == ["a3", "b3"]
     assert first_per_category(prompts, None) == prompts
+
+
+def test_alternatives_run_in_the_same_loop_with_their_calls_counted(exported, world_prompts, model_dirs, tmp_path):
+    """Prompt lookup and assisted generation (transformers' own) beside the drafters: outputs equal to generate's,
+    τ from the verifier's forward calls counted. The verifier as its own assistant accepts every drafted token, so its
+    τ is well above 1; prompt lookup on a random model that rarely repeats itself stays near 1."""
+    out = tmp_path / "eval"
+    assert evaluate(["--ckpt", str(exported), "--baseline", "none", "--prompts", str(world_prompts), "--limit", "3",
+                     "--gamma", "3", "--max-new-tokens", "12", "--interleave", "--prompt-lookup", "2,3",
+                     "--assistant", str(model_dirs["verifier"]), "--assistant-tokens", "3", "--out", str(out)]) == 0
+    doc = json.loads((out / "acceptance.json").read_text())
+    rows = {r["label"]: r for r in doc["alternatives"]}
+    assert set(rows) == {"prompt lookup 2", "prompt lookup 3", "assisted 3"}
+    for row in rows.values():
+        assert row["lossless"] is True and row["tokens_per_s"] > 0 and row["verifier_calls"] > 0
+        assert set(row["per_category_speedup_vs_generate"]) <= {p.get("category", "all") for p in map(
+            json.loads, world_prompts.read_text().splitlines())}
+    assert rows["assisted 3"]["tau"] > 1.5
+    assert all(1 <= rows[f"prompt lookup {n}"]["tau"] <= n + 1 for n in (2, 3))
+    assert "prompt lookup 2" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--drafter", "assisted 2=x"], "taken"),
+    (["--prompt-lookup", "0"], "1 or more"),
+    (["--assistant-tokens", "3"], "give the assistant too")])
+def test_alternatives_refuse_bad_flags_before_any_model_loads(exported, flags, message, capsys):
+    with pytest.raises(AlignError, match=message):
+        evaluate(["--ckpt", str(exported), "--suite", "tinyworld", *flags])

@@ -108,7 +108,7 @@ PAIRS: dict[str, RealPair] = {p.name: p for p in (
         more={"dflash": "recipes/smollm2-dflash.yaml"},
         headline=Headline(
             "recipes/smollm2-dflash.yaml", "zoo:smollm2-exit", "runs/smollm2-ar", ("--lr", "3e-4"),
-            ("--gamma", "2,4", "--stop-below", "0,0.3", "--prompt-lookup", "4",
+            ("--gamma", "2,4", "--stop-below", "0,0.3", "--prompt-lookup", "3,10",
              "--drafter", "lookup=ngram:3", "--drafter", "lookup+dflash=ngram:3+runs/smollm2-dflash/final"))),
     RealPair(
         "gemma3", "Gemma 3 270M ← DiffusionGemma drafter (its first 6 layers, adapted)", "gemma3-270m",
