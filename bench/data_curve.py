@@ -1,15 +1,16 @@
 """Held-out accepted against the number of training rollouts, at one training budget per token: the curve a user
 reads to plan their own run.
 
-    python bench/data_curve.py --recipe recipes/smollm2-dflash.yaml --rollouts 240,480,950,1900 --epochs 20
+    python bench/data_curve.py --recipe recipes/smollm2-dflash.yaml --rollouts 240,480,950,1900 \
+        --reuse runs/smollm2-dflash
     python bench/data_curve.py --recipe recipes/smollm2-dflash.yaml --plot-only
 
-Each point trains the recipe on a subset of its rollouts (``data.train_rollouts``: nested subsets chosen by a hash of
-the prompt id, the held-out rollouts the same for every point) for ``--epochs`` passes over that subset's rollouts
-(``train.max_steps`` = epochs × rollouts / ``train.global_batch_size``, so each point spends the same compute per
-training token), evaluating the held-out rollouts ``--evals`` times along the way (the recipe's learning rate,
-warm-up and schedule). A subset as large as all the training rollouts is the recipe's own run when ``--reuse`` names
-it. Results accumulate in ``<out>/results.json`` (a rerun skips finished points); the table is printed and
+Each point trains the recipe on a subset of its training rollouts (``data.train_rollouts``: nested subsets chosen by
+a hash of the prompt id, the held-out rollouts the same for every point). The largest point is the recipe as it is
+(all its training rollouts, ``train.max_steps``; ``--reuse`` names a finished run of it instead of training it
+again); a point of n rollouts trains ``train.max_steps`` × n / largest steps, so each point spends the same compute
+per training token, and evaluates the held-out rollouts ``--evals`` times along the way (the recipe's learning
+rate, warm-up and schedule). Results accumulate in ``<out>/results.json`` (a rerun skips finished points); the table is printed and
 ``<out>/data-curve.png`` plots held-out decoded accepted (the held-out rollouts walked as greedy decoding walks them)
 against training rollouts, one line per point's steps, so the same figure reads as accepted against steps too.
 """
@@ -34,14 +35,16 @@ def heldout_curve(folder: Path) -> list[dict]:
             for m in lines if m["split"] == "eval"]
 
 
-def train_point(recipe: str, folder: Path, rollouts: int, steps: int, evals: int, seed: int, extra: list[str]) -> None:
-    """Train one point of the curve into ``folder`` (nothing to do when it finished)."""
+def train_point(recipe: str, folder: Path, rollouts: int | None, steps: int, evals: int, seed: int,
+                extra: list[str]) -> None:
+    """Train one point of the curve into ``folder`` (nothing to do when it finished); ``rollouts`` None: all."""
     if (folder / "final" / "meta.json").is_file():
         return
     every = max(1, steps // evals)
     command = [sys.executable, "align/train.py", recipe, f"run.output_dir={folder}", f"run.seed={seed}",
-               f"data.train_rollouts={rollouts}", f"train.max_steps={steps}", f"train.eval_every={every}",
-               f"train.save_every={steps}", f"train.warmup_steps={min(steps // 10, 50)}", *extra]
+               f"data.train_rollouts={'null' if rollouts is None else rollouts}", f"train.max_steps={steps}",
+               f"train.eval_every={every}",
+               f"train.save_every={steps}", *extra]
     print("\n$ " + " ".join(command), flush=True)
     if subprocess.run(command, cwd=ROOT).returncode:
         raise SystemExit(f"failed: {' '.join(command)}")
@@ -74,12 +77,12 @@ def plot(results: dict, path: Path, title: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", default="recipes/smollm2-dflash.yaml")
-    p.add_argument("--rollouts", default="240,480,950,1900", help="training rollouts of each point, comma list")
-    p.add_argument("--epochs", type=float, default=20.0, help="passes over each point's rollouts")
+    p.add_argument("--rollouts", default="240,480,950,1900", help="training rollouts of each point, comma list; the "
+                   "largest is all of them (the recipe's own run)")
     p.add_argument("--evals", type=int, default=4, help="held-out evaluations along each point's training")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reuse", default=None, help="a finished run of the recipe over all its rollouts at the same "
-                   "epochs (e.g. runs/smollm2-dflash): the largest point, not trained again")
+                   "steps (e.g. runs/smollm2-dflash): the largest point, not trained again")
     p.add_argument("--extra", default="", help="more overrides for every run, space separated")
     p.add_argument("--out", default="runs/bench/data-curve")
     p.add_argument("--plot-only", action="store_true")
@@ -91,18 +94,19 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
-    batch = recipe.train.global_batch_size
-    for n in ([] if args.plot_only else [int(x) for x in args.rollouts.split(",")]):
-        steps = math.ceil(args.epochs * n / batch)
+    points = sorted(int(x) for x in args.rollouts.split(","))
+    for n in ([] if args.plot_only else points):
+        steps = math.ceil(recipe.train.max_steps * n / points[-1])
         folder = out / f"rollouts-{n}"
-        if args.reuse and n == max(int(x) for x in args.rollouts.split(",")):
+        if args.reuse and n == points[-1]:
             folder = ROOT / args.reuse
         else:
-            train_point(args.recipe, folder, n, steps, args.evals, args.seed, args.extra.split())
+            train_point(args.recipe, folder, n if n < points[-1] else None, steps, args.evals, args.seed,
+                        args.extra.split())
         meta = json.loads((folder / "final" / "meta.json").read_text())
         results[str(n)] = {"rollouts": n, "steps": meta["steps"], "folder": str(folder), "curve": heldout_curve(folder)}
         results_file.write_text(json.dumps(results, indent=1))
-    print(f"\n{args.recipe}, {args.epochs:g} epochs a point, seed {args.seed}\n")
+    print(f"\n{args.recipe}, train.max_steps × rollouts / {points[-1]} steps a point, seed {args.seed}\n")
     print("| training rollouts | steps | held-out decoded accepted | E[streak] |\n|---|---|---|---|")
     for r in sorted(results.values(), key=lambda r: r["rollouts"]):
         last = r["curve"][-1]
