@@ -45,6 +45,11 @@ def with_cache(cache: Any) -> dict[str, Any]:
 # arithmetic in one call (pow(·, -½) is rsqrt in ATen; tests/test_drafter_pass.py checks the two are bitwise equal)
 
 
+def _eps(norm: torch.nn.Module) -> float:
+    """A ``DiffusionGemmaRMSNorm``'s epsilon: ``eps`` up to transformers 5.24, ``variance_epsilon`` from 5.25."""
+    return norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
+
+
 def _normalised(x: torch.Tensor, eps: float) -> torch.Tensor:
     """The scale-free part of ``DiffusionGemmaRMSNorm``, in float32."""
     return F.rms_norm(x.float(), (x.shape[-1],), None, eps)
@@ -158,7 +163,7 @@ class DiffusionGemmaPass:
                 if hasattr(module, "_hf_hook") or module._forward_pre_hooks:
                     return "hooks on the model (offloading, device maps)"
                 if kind.__name__ == "DiffusionGemmaRMSNorm":
-                    eps.add(module.eps)
+                    eps.add(_eps(module))
         if len(eps) > 1:
             return "norms with different eps"
         if len({p.device for p in model.parameters()}) > 1:
@@ -220,16 +225,16 @@ class DiffusionGemmaPass:
         embed, sc = dec.embed_tokens, dec.self_conditioning
         h = embed(canvas)
         if self_conditioning is None and self.zero_signal:  # pre_norm(0) = 0, and the bias-free MLP maps 0 to 0
-            h = _rms(h, None, sc.post_norm.eps)
+            h = _rms(h, None, _eps(sc.post_norm))
         else:
             if self_conditioning is None:
                 soft = torch.zeros_like(h)
             else:
                 soft = torch.matmul(self_conditioning.softmax(dim=-1, dtype=torch.float32).to(embed.weight.dtype),
                                     embed.weight) * embed.embed_scale.to(h.dtype)
-            soft = _rms(soft, sc.pre_norm.weight, sc.pre_norm.eps)
+            soft = _rms(soft, sc.pre_norm.weight, _eps(sc.pre_norm))
             signal = _linear(sc.act_fn(_linear(soft, sc.gate_proj)) * _linear(soft, sc.up_proj), sc.down_proj)
-            h = _rms(h + signal, None, sc.post_norm.eps)
+            h = _rms(h + signal, None, _eps(sc.post_norm))
         if any(n for *_, n in segments):  # each sequence's new prefix tokens (the encoder's embedding), its canvas
             rows = []
             for b, ((*_, n), (*_, new)) in enumerate(zip(segments, parts)):
@@ -248,7 +253,7 @@ class DiffusionGemmaPass:
                 canvas_rows.append(rows[at:at + c])
                 at += c
             h = torch.cat(canvas_rows)[None]
-        logits = self._head(_rms(h, dec.norm.weight, dec.norm.eps)).view(canvas.shape[0], c, -1)
+        logits = self._head(_rms(h, dec.norm.weight, _eps(dec.norm))).view(canvas.shape[0], c, -1)
         return (logits, after) if next_token else logits
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
@@ -261,7 +266,7 @@ class DiffusionGemmaPass:
     def _next(self, h: torch.Tensor) -> torch.Tensor:
         """The encoder's next-token logits (1, V) from its last layer's output for one token (D,)."""
         norm = self.encoder.norm
-        return self._head(_rms(h[None], norm.weight, norm.eps))
+        return self._head(_rms(h[None], norm.weight, _eps(norm)))
 
     def _layers(self, stack: Any, h: torch.Tensor, segments: list[tuple[Any, int, int]], c: int,
                 next_token: bool = False) -> torch.Tensor:
