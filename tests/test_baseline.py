@@ -150,6 +150,21 @@ def test_size_matching():
     assert sum(p.numel() for p in model.parameters()) == llama_parameters(2048, 128, 3, width)
 
 
+def test_the_drafter_it_matches_is_counted_for_every_kind(model_dirs, tmp_path):
+    """The AR drafter is sized from the recipe's drafter, whatever its kind: a saved feature-conditioned drafter reads
+    its own config (its layers read), which the generic config class does not carry (make real's assistant stage)."""
+    from align.baseline import count_parameters, drafter_shape
+    from align.zoo.models import dflash_model, verifier_model
+
+    verifier = verifier_model(VOCAB, hidden=32, layers=3, heads=2, max_len=256, seed=0)
+    model = dflash_model(verifier.config, [0, 2], 3, layers=2, intermediate=64, kv_heads=1, seed=1)
+    model.save_pretrained(tmp_path / "dflash")
+    shape = drafter_shape(str(tmp_path / "dflash"), "dflash")
+    assert shape["parameters"] == count_parameters(model) and shape["layers"] == 2 and shape["hidden"] == 32
+    shape = drafter_shape(str(model_dirs["diffusiongemma"]), "diffusiongemma")
+    assert shape["parameters"] > 0
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, model_dirs, world_prompts):
     """A run folder as align/train.py leaves it: recipe.yaml (+ metrics.jsonl), its rollouts made."""
