@@ -78,8 +78,8 @@ def test_a_dream_drafter_from_smollm2_decodes_losslessly(smollm2):
 
 
 def test_a_dflash_drafter_for_smollm2_reads_its_layers_and_decodes_losslessly(smollm2):
-    """zoo:smollm2-dflash: random layers of SmolLM2's width reading its layers 1, 14 and 27, masking with a token of
-    its own vocabulary; untrained, and the output is still the verifier's, token for token."""
+    """zoo:smollm2-dflash: random layers of SmolLM2's width reading its layers 1, 7, 14, 21 and 27, masking with a
+    token of its own vocabulary; untrained, and the output is still the verifier's, token for token."""
     from align.drafters import load_drafter
     from align.loading import load_verifier_model
     from align.prompts import encode_prompt
@@ -92,7 +92,7 @@ def test_a_dflash_drafter_for_smollm2_reads_its_layers_and_decodes_losslessly(sm
     path = model_dir("smollm2-dflash")
     model, tokenizer = load_verifier_model(str(smollm2))
     drafter = load_drafter(str(path), str(smollm2), model, verifier_tokenizer=tokenizer)  # the family: its config's
-    assert drafter.verifier_layers == [1, 14, 27] and drafter.vocab_size == 49_152
+    assert drafter.verifier_layers == [1, 7, 14, 21, 27] and drafter.vocab_size == 49_152
     assert tokenizer.convert_ids_to_tokens(drafter.mask_token_id) == "<empty_output>"
     trainable = sum(p.numel() for p in drafter.model.parameters())
     layers = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)

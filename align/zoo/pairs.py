@@ -52,7 +52,7 @@ class Headline:
     recipe: str  # the shipped drafter's recipe (its rollouts, its training)
     assistant_init: str  # the autoregressive assistant's starting point, trained on the same rollouts for the same time
     assistant_out: str  # where that assistant is written
-    assistant_args: tuple[str, ...]  # its python -m align.baseline train settings (its tuned learning rate)
+    assistant_args: tuple[str, ...]  # its python -m align.baseline train settings (tuned lr; a batch that fits memory)
     args: tuple[str, ...]  # eval.acceptance's settings and alternatives (the assistant's path is added)
 
 
@@ -87,10 +87,10 @@ PAIRS: dict[str, RealPair] = {p.name: p for p in (
                                "English text",
                                {"verifier": "smollm2-135m-instruct", "family": "dream", "derive": "dream_from_llama",
                                 "layers": 6, "steps": 100, "batch_size": 16, "seq": 128, "lr": 2e-4}),
-         "smollm2-dflash": Made("feature-conditioned block drafter reading SmolLM2-135M-Instruct's layers 1, 14 and "
-                                "27 (random weights)",
+         "smollm2-dflash": Made("feature-conditioned block drafter reading SmolLM2-135M-Instruct's layers 1, 7, 14, "
+                                "21 and 27 (random weights)",
                                 {"verifier": "smollm2-135m-instruct", "family": "dflash", "layers": 3,
-                                 "target_layers": [1, 14, 27], "mask_token": "<empty_output>"}),
+                                 "target_layers": [1, 7, 14, 21, 27], "mask_token": "<empty_output>"}),
          "smollm2-mix": Made("training prompts for SmolLM2-135M-Instruct: instructions it writes itself (Magpie) and "
                              "long-context tasks on English text (summarize, extract, answer from a passage), none "
                              "from the evaluation sets",
@@ -107,8 +107,8 @@ PAIRS: dict[str, RealPair] = {p.name: p for p in (
          "specbench": ["--gamma", "16,8", "--k", "1", "--temperature", "0"]},
         more={"dflash": "recipes/smollm2-dflash.yaml"},
         headline=Headline(
-            "recipes/smollm2-dflash.yaml", "zoo:smollm2-exit", "runs/smollm2-ar", ("--lr", "3e-4"),
-            ("--gamma", "2,4", "--stop-below", "0,0.3", "--prompt-lookup", "3,10",
+            "recipes/smollm2-dflash.yaml", "zoo:smollm2-exit", "runs/smollm2-ar", ("--lr", "1e-3", "--batch-size", "8", "--warmup", "10", "--eval-every", "0"),
+            ("--gamma", "3", "--stop-below", "0.3", "--prompt-lookup", "3,10",
              "--drafter", "lookup=ngram:3", "--drafter", "lookup+dflash=ngram:3+runs/smollm2-dflash/final"))),
     RealPair(
         "gemma3", "Gemma 3 270M ← DiffusionGemma drafter (its first 6 layers, adapted)", "gemma3-270m",
