@@ -53,9 +53,17 @@ def summarize(records: list[PromptRecord], gamma: int) -> dict[str, Any]:
                                                   [out["per_category"][c] for c in cats])
     out["per_prompt"] = [{"id": r.id, "category": r.category, "blocks": len(r.stats.blocks),
                           "accepted_mean": _mean([b.accepted for b in r.stats.blocks if b.gamma > 0]),
-                          "first_block": [r.stats.blocks[0].accepted, r.stats.blocks[0].gamma] if r.stats.blocks else None}
+                          "first_block": ([r.stats.blocks[0].accepted, r.stats.blocks[0].gamma]
+                                          if r.stats.blocks else None),
+                          "first_drafted": _first_drafted(r.stats.blocks)}
                          for r in records]
     return out
+
+
+def _first_drafted(blocks: list[Block]) -> list[int] | None:
+    """[accepted, γ] of the first block that offered a draft (a feature-conditioned drafter's first block is the
+    verifier's pass over the prompt, with nothing drafted), None when none did."""
+    return next(([b.accepted, b.gamma] for b in blocks if b.gamma > 0), None)
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:

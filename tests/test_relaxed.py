@@ -14,7 +14,7 @@ from align.errors import AlignError
 from align.relaxed import Relaxed, parse, relaxed_accept
 from align.speculative import SpeculativeDecoder
 from align.verifier import Verifier, ar_generate
-from test_structure import module_graph
+from test_structure import ROOT, module_graph
 
 
 def test_the_rules_accept_what_they_say():
@@ -70,7 +70,6 @@ def test_no_relaxed_rule_can_be_reached_from_training_rollouts_or_serving():
     import ast
     import inspect
 
-    from test_structure import ROOT
 
     graph = module_graph()
     script = ast.parse((ROOT / "align" / "train.py").read_text())
@@ -106,3 +105,33 @@ def test_every_relaxed_result_is_labelled_lossy_in_the_json_and_the_report(expor
     assert "## Relaxed (LOSSY) acceptance" in report
     lines = [line for line in report.splitlines() if "topk" in line or "typical" in line]
     assert lines and all("LOSSY" in line for line in lines)
+
+
+def test_the_probe_table_puts_each_way_in_its_column_and_labels_the_relaxed_one_lossy():
+    import importlib.util
+
+    from eval.suites import load_suite
+
+    spec = importlib.util.spec_from_file_location("probe_three_ways", ROOT / "bench" / "probe_three_ways.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    ids = [p["id"] for p in load_suite("probe8")]
+
+    def result(label, temperature, relaxed, k):  # every prompt: the first block the prompt's pass, then k of 16
+        quality = {"identical": 0.5, "nll_per_token": 1.25, "reference_nll_per_token": 1.0} if relaxed else None
+        return {"label": label, "temperature": temperature, "k": 1, "relaxed": relaxed, "stop_below": 0.0,
+                "accepted_mean": float(k), "tau": 1.0 + k, "quality": quality,
+                "per_prompt": [{"id": i, "first_block": [0, 0], "first_drafted": [k, 16], "accepted_mean": float(k)}
+                               for i in ids]}
+
+    document = {"results": [result("aligned", 0.0, None, 3), result("aligned", 1.0, None, 4),
+                            result("aligned", 0.0, "ratio:0.3", 5), result("baseline", 0.0, None, 0),
+                            result("baseline", 1.0, None, 1), result("baseline", 0.0, "ratio:0.3", 2)]}
+    text = probe.table(document, "ratio:0.3")
+    header, *rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert header.count("LOSSY ratio:0.3") == 2 and "unaligned: exact greedy" in header
+    assert len(rows) == len(ids)
+    # unaligned exact, sampling, relaxed, then aligned's: the first drafted block, not the prompt's pass
+    cells = ["0/16 (0.00)", "1/16 (1.00)", "2/16 (2.00)", "3/16 (3.00)", "4/16 (4.00)", "5/16 (5.00)"]
+    assert all([c.strip() for c in row.strip("| ").split(" | ")[3:]] == cells for row in rows)
+    assert "identical to the verifier's 50%" in text and "NLL per token 1.250" in text
