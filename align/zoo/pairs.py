@@ -107,7 +107,8 @@ PAIRS: dict[str, RealPair] = {p.name: p for p in (
          "specbench": ["--gamma", "16,8", "--k", "1", "--temperature", "0"]},
         more={"dflash": "recipes/smollm2-dflash.yaml"},
         headline=Headline(
-            "recipes/smollm2-dflash.yaml", "zoo:smollm2-exit", "runs/smollm2-ar", ("--lr", "1e-3", "--batch-size", "8", "--warmup", "10", "--eval-every", "0"),
+            "recipes/smollm2-dflash.yaml", "zoo:smollm2-exit", "runs/smollm2-ar",
+            ("--lr", "1e-3", "--batch-size", "8", "--warmup", "10", "--eval-every", "0"),
             ("--gamma", "3", "--stop-below", "0.3", "--prompt-lookup", "3,10",
              "--drafter", "lookup=ngram:3", "--drafter", "lookup+dflash=ngram:3+runs/smollm2-dflash/final"))),
     RealPair(
