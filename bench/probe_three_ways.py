@@ -34,12 +34,14 @@ def pick(results: list[dict], label: str, temperature: float, relaxed: bool) -> 
                  and bool(r.get("relaxed")) == relaxed and not r.get("stop_below")), None)
 
 
-def table(document: dict, rule: str, unaligned: bool = False) -> str:
+def table(document: dict, rule: str, unaligned: bool = False, prompts: list[dict] | None = None) -> str:
     """The per-prompt table, three ways per drafter, beside the seed's figures, and the relaxed rule's cost
-    (``unaligned``: the only drafter measured, under eval.acceptance's label 'aligned', is an unaligned one)."""
-    from eval.suites import load_suite
+    (``unaligned``: the only drafter measured, under eval.acceptance's label 'aligned', is an unaligned one;
+    ``prompts``: the probe's rows, default the probe8 suite's)."""
+    if prompts is None:
+        from eval.suites import load_suite
 
-    prompts = load_suite("probe8")
+        prompts = load_suite("probe8")
     labels = [label for label in ("baseline", "aligned") if pick(document["results"], label, 0.0, False)]
     names = {"baseline": "unaligned", "aligned": "unaligned" if unaligned else "aligned"}
     ways = [(way.replace("relaxed", f"LOSSY {rule}"), t, relaxed) for way, t, relaxed in WAYS]
