@@ -1,10 +1,10 @@
 """The probe three ways: the seed probe's eight prompts under exact greedy verification, speculative sampling
 (lossless in distribution) and a relaxed (LOSSY) rule at its measured quality cost, beside the seed's figures.
 
-    python bench/probe_three_ways.py --ckpt runs/smollm2-dflash/final --rule ratio:0.3 \\
+    python bench/probe_three_ways.py --ckpt runs/smollm2-dflash/final --rule ratio:0.5 \\
         --out runs/bench/probe-smollm2
     python bench/probe_three_ways.py --ckpt zoo:gemma3-diffusiongemma --unaligned --verifier zoo:gemma3-270m \\
-        --rule ratio:0.3 --out runs/bench/probe-gemma3
+        --rule ratio:0.5 --max-new-tokens 32 --out runs/bench/probe-gemma3
 
 One ``eval.acceptance`` run on ``--suite probe8`` (the export's base drafter as the unaligned one, γ ``--gamma``,
 temperatures 0 and 1, ``--relaxed RULE``); then the table (``--out``/probe.md): per prompt and drafter, the accepted
@@ -94,9 +94,13 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench/probe")
     p.add_argument("--table-only", action="store_true", help="rewrite the table from the existing acceptance.json")
     args = p.parse_args()
+    from align.errors import AlignError
     from align.relaxed import parse
 
-    parse(args.rule)  # a malformed rule is refused before any model loads
+    try:
+        parse(args.rule)  # a malformed rule is refused before any model loads
+    except AlignError as error:
+        raise SystemExit(f"error: {error}") from None
     out = ROOT / args.out
     if not args.table_only:
         command = [sys.executable, "-m", "eval.acceptance", "--ckpt", args.ckpt, "--suite", "probe8", "--gamma",

@@ -45,13 +45,12 @@ def main() -> None:
     except ValueError:
         raise SystemExit("error: --positions takes whole numbers of at least 1 (e.g. 1,4,16), and --reps must "
                          "exceed twice --trim") from None
-    from align.loading import DTYPES
+    from align.loading import DTYPES, load_verifier_model
 
     if unknown := [d for d in dtypes if d not in DTYPES]:
         raise SystemExit(f"error: unknown --dtype {unknown[0]}; choose from {', '.join(DTYPES)}")
     import torch
 
-    from align.loading import load_verifier_model
     from align.metrics import now
     from align.verifier import Verifier
 

@@ -70,7 +70,6 @@ def test_no_relaxed_rule_can_be_reached_from_training_rollouts_or_serving():
     import ast
     import inspect
 
-
     graph = module_graph()
     script = ast.parse((ROOT / "align" / "train.py").read_text())
     entry = {node.module for node in ast.walk(script) if isinstance(node, ast.ImportFrom) and node.module}
