@@ -118,6 +118,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="weights of both models (default: the exported drafter's recipe's verifier.dtype, else "
                         "float32; in bfloat16 the lossless check tells near-ties from mismatches)")
+    p.add_argument("--drafter-dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="the drafters' weights, where they should differ from --dtype's (e.g. a bfloat16 verifier, "
+                        "whose passes over several positions cost little more than one on a CPU with AMX, beside a "
+                        "float32 drafter, whose small passes run faster in float32; default: --dtype)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: the accelerator when present)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow the drafter's own modelling code (an exported drafter's recipe may already say so)")
@@ -337,8 +341,8 @@ def main(argv: list[str]) -> int:
               for job in alternatives]
 
     out.mkdir(parents=True, exist_ok=True)
-    document = {"environment": environment(args.dtype, device), "suite": suite, "n_prompts": len(prompts),
-                "max_new_tokens": args.max_new_tokens, "results": results,
+    document = {"environment": environment(args.dtype, device, args.drafter_dtype), "suite": suite,
+                "n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "results": results,
                 "alternatives": combine_alternatives(others)}
     write_text(out / "acceptance.json", json.dumps(document, indent=1))  # atomically: a kill leaves the old one
     if args.save_outputs:
@@ -382,7 +386,8 @@ def run_jobs(jobs: list[Job], encoded: list[list[int]], device: str) -> None:
 def load_decoder(args, path, family, verifier_model, verifier, tokenizer, verifier_path, eos, device):
     """The speculative decoder of one drafter (any kind, through the one loader) and the settings it is swept over:
     ``--steps``, else the T the drafter was trained for."""
-    drafter = load_drafter(path, verifier_path, verifier_model, family=family, dtype=args.dtype, device=device,
+    drafter = load_drafter(path, verifier_path, verifier_model, family=family,
+                           dtype=args.drafter_dtype or args.dtype, device=device,
                            trust_remote_code=args.trust_remote_code, verifier_tokenizer=tokenizer)
     steps = args.steps or [trained_steps(model_path(path) or path)]
     return SpeculativeDecoder(drafter, verifier, eos), settings(args, steps)
@@ -571,15 +576,16 @@ def settings(args: argparse.Namespace, steps: list[int]) -> list[dict[str, Any]]
     return out
 
 
-def environment(dtype: str, device: str) -> dict[str, Any]:
+def environment(dtype: str, device: str, drafter_dtype: str | None = None) -> dict[str, Any]:
     import transformers
 
     if torch.device(device).type == "cuda":
         device = torch.cuda.get_device_name(torch.device(device))
     else:
         device = f"cpu ({platform.processor() or 'x86_64'})"
-    return {"device": device, "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "align": align.__version__, "python": platform.python_version()}
+    return {"device": device, "dtype": dtype, "drafter_dtype": drafter_dtype or dtype,
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "align": align.__version__, "python": platform.python_version()}
 
 
 if __name__ == "__main__":

@@ -291,6 +291,17 @@ def test_trained_exported_evaluated_and_refused_against_another_verifier(model_d
         results = json.loads((tmp_path / "eval" / "acceptance.json").read_text())["results"]
         assert results and all(r["lossless"] for r in results) and results[0]["label"] == "aligned"
         assert [r["steps"] for r in results] == [2]  # the T it was trained for (--steps sets the other drafters')
+        import eval.acceptance as module  # a bfloat16 verifier beside a float32 drafter: the drafter loads in float32
+
+        loaded, original = [], module.load_drafter
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(module, "load_drafter", lambda *a, **k: loaded.append(k["dtype"]) or original(*a, **k))
+            assert acceptance([*common, "--dtype", "bfloat16", "--drafter-dtype", "float32",
+                               "--out", str(tmp_path / "eval-mixed")]) == 0
+        document = json.loads((tmp_path / "eval-mixed" / "acceptance.json").read_text())
+        assert loaded == ["float32"] and document["environment"]["dtype"] == "bfloat16"
+        assert document["environment"]["drafter_dtype"] == "float32"
+        assert all(r["lossless_counts"]["mismatch"] == 0 for r in document["results"])
         assert decode(["--drafter", str(out / "final"), "--verifier", str(model_dirs["verifier"]), "--prompt",
                        "The capital of France is", "--gamma", "4", "--max-new-tokens", "10", "--json"]) == 0
         stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
