@@ -48,7 +48,7 @@ from align.speculative import SpeculativeDecoder
 from align.verifier import Verifier, ar_generate, counted_generate, eos_ids, verifier_alone
 from align.zoo import resolve
 from eval.analysis import PromptRecord, combine_seeds, summarize
-from eval.quality import quality
+from eval.quality import nll_per_token, quality
 from eval.suites import SUITES, load_suite
 
 
@@ -285,6 +285,7 @@ def main(argv: list[str]) -> int:
     reference: dict[tuple[float, int], tuple[list[list[int]], float]] = {}  # generate's outputs and seconds
     alone: dict[tuple[float, int], tuple[int, float]] = {}  # the cached loop's tokens and seconds
     reference_times: dict[tuple[float, int], list[float]] = {}  # generate's seconds per prompt
+    reference_nll: dict[tuple[float, int], float | None] = {}  # the NLL of generate's outputs, once (quality)
 
     def run_phase(phase_references: list[Job], phase_drafters: list[tuple[str, str, str]]
                   ) -> tuple[list[dict], list[dict]]:
@@ -310,7 +311,7 @@ def main(argv: list[str]) -> int:
             records = [PromptRecord(p["id"], p.get("category", "all"), ids, gen.tokens, gen.stats)
                        for p, ids, gen in zip(prompts, encoded, job.outputs)]
             summary = summarize_job(job, records, reference, alone, verifier_model, encoded, suite, verifier_path,
-                                    tokenizer, prompts if args.relaxed else None)
+                                    tokenizer, prompts if args.relaxed else None, reference_nll)
             summary["per_category_speedup_vs_generate"] = category_speedups(
                 prompts, [len(r.output_ids) for r in records], job.times, reference[(job.setting["temperature"],
                                                                                       job.seed)][0],
@@ -417,7 +418,8 @@ def drafter_jobs(args, label: str, path: str, decoder: SpeculativeDecoder, swept
 
 def summarize_job(job: Job, records: list[PromptRecord], reference: dict, alone: dict, verifier_model,
                   encoded: list[list[int]], suite: str, verifier_path: str, tokenizer: Any = None,
-                  quality_rows: list[dict] | None = None) -> dict[str, Any]:
+                  quality_rows: list[dict] | None = None,
+                  reference_nll: dict[tuple[float, int], float | None] | None = None) -> dict[str, Any]:
     """One drafter run's summary, its speed against the references and, greedy, its lossless check; with a relaxed
     rule, its label and, against the verifier alone's outputs, its quality (``eval/quality.py``)."""
     setting = job.setting
@@ -438,8 +440,11 @@ def summarize_job(job: Job, records: list[PromptRecord], reference: dict, alone:
         counts = lossless_counts(verifier_model, encoded, [r.output_ids for r in records], ar_outputs)
         summary.update(lossless=counts["mismatch"] == 0, lossless_counts=counts)
     if setting["temperature"] == 0 and (setting["relaxed"] is not None or quality_rows):
+        key, known = (setting["temperature"], job.seed), {} if reference_nll is None else reference_nll
+        if key not in known:  # the verifier's NLL of its own outputs: the same for every setting compared to them
+            known[key] = nll_per_token(verifier_model, encoded, ar_outputs)
         summary["quality"] = quality(verifier_model, tokenizer, quality_rows, encoded,
-                                     [r.output_ids for r in records], ar_outputs)
+                                     [r.output_ids for r in records], ar_outputs, known[key])
     return summary
 
 

@@ -42,14 +42,17 @@ def first_divergence(output: list[int], reference: list[int]) -> int | None:
 
 
 def quality(model: Any, tokenizer: Any, rows: list[dict], prompts: list[list[int]], outputs: list[list[int]],
-            references: list[list[int]]) -> dict[str, Any]:
-    """Every measure above for ``outputs`` against ``references`` (the verifier alone's) on the same prompts."""
+            references: list[list[int]], reference_nll: float | None = None) -> dict[str, Any]:
+    """Every measure above for ``outputs`` against ``references`` (the verifier alone's) on the same prompts;
+    ``reference_nll``: the references' NLL per token where already computed (one run compares many settings with
+    the same references)."""
     parts = [first_divergence(o, r) for o, r in zip(outputs, references)]
     differing = [p for p in parts if p is not None]
     out = {"identical": sum(p is None for p in parts) / max(1, len(parts)),
            "first_divergence": sum(differing) / len(differing) if differing else None,
            "nll_per_token": nll_per_token(model, prompts, outputs),
-           "reference_nll_per_token": nll_per_token(model, prompts, references)}
+           "reference_nll_per_token": (nll_per_token(model, prompts, references) if reference_nll is None
+                                       else reference_nll)}
     text = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     checks = [(row.get("category", "all"), correct(row, text(o)), correct(row, text(r)))
               for row, o, r in zip(rows, outputs, references)]

@@ -85,14 +85,20 @@ def test_no_relaxed_rule_can_be_reached_from_training_rollouts_or_serving():
                                    if "relaxed" in line and line.lstrip().startswith(("import", "from")))
 
 
-def test_every_relaxed_result_is_labelled_lossy_in_the_json_and_the_report(exported, world_prompts, tmp_path):
-    from eval.acceptance import main as evaluate
+def test_every_relaxed_result_is_labelled_lossy_in_the_json_and_the_report(exported, world_prompts, tmp_path,
+                                                                            monkeypatch):
+    import eval.acceptance as module
 
+    counted, original = [], module.nll_per_token
+    monkeypatch.setattr(module, "nll_per_token", lambda *a: counted.append(1) or original(*a))
     out = tmp_path / "eval"
-    assert evaluate(["--ckpt", str(exported), "--prompts", str(world_prompts), "--limit", "4", "--gamma", "4",
-                     "--max-new-tokens", "12", "--relaxed", "topk:3", "--relaxed", "typical:0.3,0.09",
-                     "--temperature", "0,1", "--baseline", "none", "--out", str(out)]) == 0
+    assert module.main(["--ckpt", str(exported), "--prompts", str(world_prompts), "--limit", "4", "--gamma", "4",
+                        "--max-new-tokens", "12", "--relaxed", "topk:3", "--relaxed", "typical:0.3,0.09",
+                        "--temperature", "0,1", "--baseline", "none", "--out", str(out)]) == 0
     document = json.loads((out / "acceptance.json").read_text())
+    greedy = [r["quality"] for r in document["results"] if r["temperature"] == 0]
+    assert len(greedy) == 3 and len({q["reference_nll_per_token"] for q in greedy}) == 1
+    assert len(counted) == 1  # the verifier's NLL of its own outputs, once for the three settings compared to them
     lossy = [r for r in document["results"] if r.get("relaxed")]
     assert {r["relaxed"] for r in lossy} == {"topk:3", "typical:0.3,0.09"}  # greedy only: none at temperature 1
     assert all(r["temperature"] == 0 and r["lossless"] == "not applicable: lossy rule" and r["lossy"]["lossy"]
