@@ -67,23 +67,23 @@ def probe_vs_seed(document: dict[str, Any], gamma: int = 16) -> str:
     return "\n".join(lines)
 
 
-def bf16_counts(document: dict[str, Any] | None) -> str:
-    if not document:
-        return "(not run)"
+def bf16_counts(document: dict[str, Any]) -> str:
     r = document["results"][0]
     c = r.get("lossless_counts") or {}
     return (f"bfloat16, greedy, γ {r['gamma']}, {document['n_prompts']} prompts: {c.get('exact')} exact, "
             f"{c.get('near_tie')} near-tie, {c.get('mismatch')} mismatch (accepted_mean {r['accepted_mean']:.2f})")
 
 
-def fp32_counts(documents: list[dict[str, Any]]) -> str:
-    """The verdicts of every greedy float32 generation of the pair's evaluations (each drafter, every setting)."""
+def greedy_counts(documents: list[dict[str, Any]]) -> str:
+    """The verdicts of every greedy generation of the pair's evaluations (each drafter, every setting), in the
+    verifier's dtype of each."""
     totals = {"exact": 0, "near_tie": 0, "mismatch": 0}
     for document in documents:
         for r in document["results"]:
             for key in totals:
                 totals[key] += (r.get("lossless_counts") or {}).get(key) or 0
-    return (f"float32, greedy, every drafter and setting of the suites above: {totals['exact']} exact, "
+    dtypes = "/".join(sorted({d["environment"].get("dtype", "float32") for d in documents}))
+    return (f"{dtypes}, greedy, every drafter and setting of the evaluations above: {totals['exact']} exact, "
             f"{totals['near_tie']} near-tie, {totals['mismatch']} mismatch")
 
 
@@ -105,9 +105,11 @@ def write_real_report(out: Path, pairs: list[str], times: dict[str, float]) -> P
                          alternatives_table(top), "", "Per category, tokens/s over `generate`'s:", "",
                          category_speed_table(top), "", "Every setting:", "", summary_table(top["results"]), "",
                          "The block's time split:", "", cost_table(top["results"]), ""]
-        sections += ["", f"## {PAIRS[pair].title}", ""]
         spec = _document(out / "eval" / f"{pair}-specbench")
         probe = _document(out / "eval" / f"{pair}-probe8")
+        bf16 = _document(out / "eval" / f"{pair}-bf16")
+        if spec or probe:
+            sections += ["", f"## {PAIRS[pair].title}", ""]
         if spec:
             sections += [f"### Spec-Bench ({spec['n_prompts']} questions, first turns; greedy, γ 16, T 1, K 1)", "",
                          headline(spec["results"]), "", "### Spec-Bench, every setting", "",
@@ -119,8 +121,11 @@ def write_real_report(out: Path, pairs: list[str], times: dict[str, float]) -> P
         if probe:
             sections += ["### The probe's eight prompts beside the seed's figures", "", probe_vs_seed(probe), "",
                          "### The probe, every setting", "", summary_table(probe["results"]), ""]
-        sections += ["### Lossless", "", fp32_counts([d for d in (probe, spec) if d]), "",
-                     bf16_counts(_document(out / "eval" / f"{pair}-bf16")), ""]
+        evaluated = [d for d in (top, probe, spec) if d]
+        if evaluated:
+            sections += [f"### {pair}: lossless", "", greedy_counts(evaluated), ""]
+        if bf16:
+            sections += [bf16_counts(bf16), ""]
         check = out / f"{pair}-sampling.json"
         if check.is_file():
             sections += [_sampling(json.loads(check.read_text())), ""]
