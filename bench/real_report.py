@@ -122,10 +122,9 @@ def write_real_report(out: Path, pairs: list[str], times: dict[str, float]) -> P
             sections += ["### The probe's eight prompts beside the seed's figures", "", probe_vs_seed(probe), "",
                          "### The probe, every setting", "", summary_table(probe["results"]), ""]
         evaluated = [d for d in (top, probe, spec) if d]
-        if evaluated:
-            sections += [f"### {pair}: lossless", "", greedy_counts(evaluated), ""]
-        if bf16:
-            sections += [bf16_counts(bf16), ""]
+        lossless = ([greedy_counts(evaluated)] if evaluated else []) + ([bf16_counts(bf16)] if bf16 else [])
+        if lossless:
+            sections += [f"### {pair}: lossless", ""] + [line for verdict in lossless for line in (verdict, "")]
         check = out / f"{pair}-sampling.json"
         if check.is_file():
             sections += [_sampling(json.loads(check.read_text())), ""]
