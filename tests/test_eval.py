@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -193,10 +195,11 @@ def test_per_category_takes_each_categorys_prompts_after_the_skipped_ones():
 def test_alternatives_run_in_the_same_loop_with_their_calls_counted(exported, world_prompts, model_dirs, tmp_path):
     """Prompt lookup and assisted generation (transformers' own) beside the drafters: outputs equal to generate's,
     τ from the verifier's forward calls counted. The verifier as its own assistant accepts every drafted token, so its
-    τ is well above 1; prompt lookup on a random model that rarely repeats itself stays near 1."""
+    τ is well above 1; prompt lookup on a random model that rarely repeats itself stays near 1. make real's report
+    (bench/real_report.py) reads the document as a pair's headline."""
     out = tmp_path / "eval"
     assert evaluate(["--ckpt", str(exported), "--baseline", "none", "--prompts", str(world_prompts), "--limit", "3",
-                     "--gamma", "3", "--max-new-tokens", "12", "--interleave", "--prompt-lookup", "2,3",
+                     "--gamma", "2,3", "--max-new-tokens", "12", "--interleave", "--prompt-lookup", "2,3",
                      "--assistant", str(model_dirs["verifier"]), "--assistant-tokens", "3", "--out", str(out)]) == 0
     doc = json.loads((out / "acceptance.json").read_text())
     rows = {r["label"]: r for r in doc["alternatives"]}
@@ -208,6 +211,21 @@ def test_alternatives_run_in_the_same_loop_with_their_calls_counted(exported, wo
     assert rows["assisted 3"]["tau"] > 1.5
     assert all(1 <= rows[f"prompt lookup {n}"]["tau"] <= n + 1 for n in (2, 3))
     assert "prompt lookup 2" in (out / "report.md").read_text()
+
+    # make real's report reads the same document as a pair's headline: the stage table, the alternatives, and a
+    # lossless line that counts every greedy output of the loop's drafters (prompts x settings), no Dream section
+    spec = importlib.util.spec_from_file_location("real_report", ROOT / "bench" / "real_report.py")
+    real_report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_report)
+    (tmp_path / "real" / "eval").mkdir(parents=True)
+    shutil.copytree(out, tmp_path / "real" / "eval" / "smollm2-headline")
+    report = real_report.write_real_report(tmp_path / "real", ["smollm2"], {"zoo": 1.2, "eval": 2.0}).read_text()
+    assert "| zoo | 1 |" in report and "| **all** | **3** |" in report
+    assert "## smollm2: the shipped drafter against what a user already has" in report and "assisted 3" in report
+    counts = re.search(r"(\d+) exact, (\d+) near-tie, (\d+) mismatch", report.split("### smollm2: lossless")[1])
+    exact, near_tie, mismatch = map(int, counts.groups())
+    assert (exact + near_tie, mismatch) == (doc["n_prompts"] * len(doc["results"]), 0)
+    assert real_report.PAIRS["smollm2"].title not in report and "probe's eight prompts" not in report
 
 
 @pytest.mark.parametrize("flags, message", [
