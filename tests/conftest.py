@@ -29,6 +29,20 @@ def train_main(argv: list[str]) -> int:
     return runpy.run_path(str(ROOT / "align" / "train.py"), run_name="align_train_script")["main"](argv)
 
 
+def script_module(path: str):
+    """The script at ``path`` (``bench/real_report.py``) as a module, imported from its file once under a name of its
+    own; its ``__main__`` guard keeps it from running."""
+    import importlib.util
+
+    name = "script_" + path.replace("/", "_").removesuffix(".py")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def tiny_verifier(seed: int = 0, vocab: int = VOCAB, dtype=torch.float64):
     from align.zoo.models import verifier_model
 

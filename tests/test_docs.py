@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import re
 import shlex
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -100,13 +100,7 @@ def load(program: str):
     if not program.endswith(".py"):
         target = {"align.baseline": "align.baseline.cli", "align.zoo": "align.zoo.__main__"}.get(program, program)
         return importlib.import_module(target)
-    name = "docs_check_" + program.replace("/", "_").removesuffix(".py")
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / program)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return script_module(program)
 
 
 def flags_of(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from align.errors import AlignError
+from conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = {"label", "drafter", "verifier", "suite", "gamma", "steps", "temperature", "k", "n_prompts", "n_blocks",
@@ -214,9 +214,7 @@ def test_alternatives_run_in_the_same_loop_with_their_calls_counted(exported, wo
 
     # make real's report reads the same document as a pair's headline: the stage table, the alternatives, and a
     # lossless line that counts every greedy output of the loop's drafters (prompts x settings), no Dream section
-    spec = importlib.util.spec_from_file_location("real_report", ROOT / "bench" / "real_report.py")
-    real_report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(real_report)
+    real_report = script_module("bench/real_report.py")
     (tmp_path / "real" / "eval").mkdir(parents=True)
     shutil.copytree(out, tmp_path / "real" / "eval" / "smollm2-headline")
     report = real_report.write_real_report(tmp_path / "real", ["smollm2"], {"zoo": 1.2, "eval": 2.0}).read_text()

@@ -201,13 +201,9 @@ def test_the_packing_ceiling_counts_the_positions_each_path_collates():
     """bench/throughput.py's ceiling: per-window positions (each window alone, so no padding) over packed positions
     (each rollout read once, one decoder call of all its offsets), from the collated batches themselves; and by hand
     for one rollout whose prefix data.max_prefix_len cuts."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import script_module
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "throughput.py"
-    spec = importlib.util.spec_from_file_location("bench_throughput", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = script_module("bench/throughput.py")
 
     rows, gamma, cut = rollouts(5, seed=6), 4, 512
     per_window = packed = 0

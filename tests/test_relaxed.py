@@ -113,11 +113,9 @@ def test_every_relaxed_result_is_labelled_lossy_in_the_json_and_the_report(expor
 
 
 def test_the_probe_table_puts_each_way_in_its_column_and_labels_the_relaxed_one_lossy():
-    import importlib.util
+    from conftest import script_module
 
-    spec = importlib.util.spec_from_file_location("probe_three_ways", ROOT / "bench" / "probe_three_ways.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = script_module("bench/probe_three_ways.py")
     prompts = [{"id": f"probe-{i}", "prompt": f"prompt {i}", "category": "open", "reported_accepted": i,
                 "reported_block": 16} for i in range(1, 4)]  # the probe's rows, as ../shared/data/probe8.jsonl has them
     ids = [p["id"] for p in prompts]
