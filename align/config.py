@@ -47,6 +47,10 @@ class RunConfig:
     name: str = option("tiny", "Run name, used in logs, wandb and the exported meta.json.")
     output_dir: str = option("runs/tiny", "Folder for checkpoints/, metrics.jsonl, final/ and the resolved recipe.")
     seed: int = option(0, "Seed for data order, canvas noise, LoRA init and sampling.", min=0)
+    hub_kernels: bool = option(False, "Let transformers replace layers it knows with kernels from the Hugging Face "
+                               "Hub (the kernels package; fetched from the Hub, so it needs the network or a filled "
+                               "kernel cache). false: every model runs its own PyTorch code, whatever "
+                               "USE_HUB_KERNELS says (align.loading.pretrained).")
 
 
 @dataclass

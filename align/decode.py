@@ -45,6 +45,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--candidates", default=DEFAULTS.candidates, choices=CANDIDATES)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: the accelerator when present)")
+    p.add_argument("--hub-kernels", action="store_true", help="let transformers swap in kernels from the Hugging "
+                   "Face Hub (needs the network or a filled kernel cache; off: the models' own code)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the drafter's own modelling code")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     return p.parse_args(argv)
@@ -52,14 +54,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     from align.drafters import ngram
-    from align.loading import check_drafter_folder, check_model_folder, trained_steps
+    from align.loading import trained_steps
+    from align.zoo import check_drafter, check_model, resolve
 
     args = parse_args(argv)
-    if not ngram.is_spec(args.drafter):  # both before either is built or loaded: what each config says it is
-        check_drafter_folder(args.drafter, args.family, args.trust_remote_code)
-    check_model_folder(args.verifier, "verifier")
+    model = ngram.parse(args.drafter)[1] if ngram.is_spec(args.drafter) else args.drafter  # None: lookup alone
+    if model is not None:  # both before either is built or loaded: what each config says it is
+        check_drafter(model, args.family, args.trust_remote_code)
+    check_model(args.verifier, "verifier")
+    for path in (model, args.verifier):
+        if path is not None:
+            resolve(path)  # a zoo model is built now, if it has to be
     drafter, verifier, tokenizer = load_pair(args.drafter, args.verifier, args.family, args.dtype,
-                                             args.trust_remote_code, device=args.device)  # the family: the folder's
+                                             args.trust_remote_code, device=args.device,
+                                             hub_kernels=args.hub_kernels)  # the family: the folder's
     if args.steps is None:
         args.steps = trained_steps(args.drafter)
     decoder = SpeculativeDecoder(drafter, verifier, eos_ids(verifier.model, tokenizer))

@@ -1,8 +1,10 @@
-"""Loading models from paths (local folders, hub names or ``zoo:NAME``), with clear refusals.
+"""Loading models from paths (local folders, hub names, or ``zoo:NAME`` of a built zoo model), with clear refusals.
 
-A model path is checked once, before anything is built or loaded (:func:`check_model_folder`), and loaded by the
-functions here: the verifier (any causal LM), a drafter's model as its family says (``align.families``), tokenizers,
-and what an export's meta.json records. Drafters themselves are built by ``align.drafters.load_drafter``, on top.
+A model path is checked once, before anything is built or loaded (:func:`check_model_folder`; the commands reach it
+through ``align.zoo.check_model``, which also knows the zoo's names), and loaded by the functions here: the verifier
+(any causal LM), a drafter's model as its family says (``align.families``), tokenizers, and what an export's
+meta.json records. Drafters themselves are built by ``align.drafters.load_drafter``, on top. Every model weight this
+toolkit reads comes through :func:`pretrained`: transformers' Hub kernels stay off unless asked for.
 
 Drafter and verifier must share a tokenizer: the drafter's tokenizer may add tokens after the verifier's (Dream adds
 ``<|mask|>``), but every verifier token must have the same id in both. Logit rows past the shared vocabulary
@@ -22,7 +24,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from align.errors import AlignError
 from align.families import FAMILIES, Traits, traits
 from align.machine import default_device, usable_cores  # noqa: F401 (imported from here by callers)
-from align.zoo import check_name, is_built, resolve
+from align.paths import model_path
+from align.paths import zoo_built
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -43,13 +46,13 @@ def load_tokenizer(path: str, role: str, trust_remote_code: bool = False) -> Any
 
 
 def load_verifier_model(path: str, dtype: str = "float32", device: str | None = None,
-                        role: str = "verifier") -> tuple[Any, Any]:
+                        role: str = "verifier", hub_kernels: bool = False) -> tuple[Any, Any]:
     """(causal LM, tokenizer) from ``path``, on ``device`` (None: where ``from_pretrained`` puts it); ``role`` names
-    it in errors (the verifier, or an autoregressive drafter)."""
-    path = resolve(path)
+    it in errors (the verifier, or an autoregressive drafter); ``hub_kernels``: :func:`pretrained`."""
+    path = model_path(path)
     config = _config(path, role)
     try:
-        model = _weights(AutoModelForCausalLM, path, role, dtype=DTYPES[dtype])
+        model = _weights(AutoModelForCausalLM, path, role, hub_kernels, dtype=DTYPES[dtype])
     except ValueError as error:
         raise AlignError(f"the {role} '{path}' ({config.model_type}) is not a causal language model "
                          f"({str(error).splitlines()[0]})") from None
@@ -59,15 +62,17 @@ def load_verifier_model(path: str, dtype: str = "float32", device: str | None = 
 
 
 def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_remote_code: bool = False,
-                       device: str | None = None) -> tuple[Any, Any]:
+                       device: str | None = None, hub_kernels: bool = False) -> tuple[Any, Any]:
     """(drafter model, tokenizer) from ``path`` on ``device``, refusing a model that is not of ``family`` (one whose
-    config says it is another family's, or a causal language model given as a diffusion drafter)."""
-    path = resolve(path)
+    config says it is another family's, or a causal language model given as a diffusion drafter);
+    ``hub_kernels``: :func:`pretrained`."""
+    path = model_path(path)
     config = _config(path, "drafter", trust_remote_code)
     check_family(path, family, config.model_type, getattr(config, "architectures", None),
                  getattr(config, "is_decoder", False))
     try:
-        model = _weights(model_class(family, config), path, "drafter", dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+        model = _weights(model_class(family, config), path, "drafter", hub_kernels, dtype=DTYPES[dtype],
+                         trust_remote_code=trust_remote_code)
     except ValueError as error:
         raise AlignError(f"the drafter '{path}' ({config.model_type}) cannot be loaded as a {family} model "
                          f"({str(error).splitlines()[0]}); check drafter.path and drafter.family") from None
@@ -110,20 +115,12 @@ def check_family(path: str, family: str, model_type: str | None, architectures: 
 
 def export_meta(path: str) -> dict[str, Any]:
     """An exported drafter's meta.json ({} for a folder that is not an export, or an unreadable file)."""
-    meta = Path(resolve(str(path))) / "meta.json"
+    meta = Path(model_path(str(path))) / "meta.json"
     try:
         found = json.loads(meta.read_text()) if meta.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError):
         found = {}
     return found if isinstance(found, dict) else {}
-
-
-def drafting_of(path: str) -> dict[str, Any]:
-    """How an exported drafter drafts, as its training set it (:func:`align.drafters.diffusion.drafting` of its
-    meta.json): keyword arguments of :class:`align.drafters.diffusion.Drafter`."""
-    from align.drafters.diffusion import drafting
-
-    return drafting(export_meta(path))
 
 
 def trained_steps(path: str) -> int:
@@ -137,13 +134,12 @@ def check_model_folder(path: str, role: str, family: str | None = None) -> str |
     """The one check of a model path, before anything is built or loaded: a local model folder has a config and
     weights whose headers read (a truncated or half-copied ``*.safetensors`` is named here, not after an hour of
     other work), and its config says it is what ``role`` needs — a drafter of ``family`` (when given), or, for the
-    verifier, no drafter; a zoo name is in the zoo, and one not built yet is left to build after every other check
-    (``align.zoo.check_name``); hub names pass through. Returns the local folder, or None (a zoo model still to
-    build, a hub name)."""
-    name = check_name(path)
-    if name is not None and not is_built(name):
+    verifier, no drafter; a zoo model not built yet is left to the zoo, which knows its names and builds it after
+    every other check (``align.zoo.check_model``); hub names pass through. Returns the local folder, or None (a zoo
+    model still to build, a hub name)."""
+    if path.startswith("zoo:") and not zoo_built(path[len("zoo:"):]):
         return None  # a zoo model that is not built yet: built once every input has been checked
-    folder = Path(resolve(path))  # a built zoo model's folder: nothing is built here
+    folder = Path(model_path(path))  # a built zoo model's folder: nothing is built here
     if not folder.exists():
         if path.startswith(("/", ".", "~")) or Path(path).suffix:
             raise AlignError(f"the {role} folder '{path}' does not exist; check the path")
@@ -189,13 +185,23 @@ def check_drafter_folder(path: str, family: str | None = None, trust_remote_code
     return family
 
 
-def _weights(cls: Any, path: str, role: str, **kwargs) -> Any:
-    """``cls.from_pretrained(path)``, refusing weights that are unreadable, of other shapes, or missing (which
+def pretrained(cls: Any, path: str, hub_kernels: bool = False, **kwargs) -> Any:
+    """``cls.from_pretrained(path, **kwargs)``, the one call that reads model weights (the loaders below, the zoo's
+    builds, the autoregressive baseline). transformers (5.2x) would otherwise kernelize every model with kernels
+    fetched from the Hugging Face Hub (the ``kernels`` package, ``kernels-community/*``) unless ``USE_HUB_KERNELS``
+    says no: on a GPU machine without network that raises, and without the package it raises too. Off here whatever
+    the environment says; ``hub_kernels`` (the recipe's ``run.hub_kernels``, the commands' ``--hub-kernels``) asks
+    for them, where the Hub or a filled kernel cache is at hand."""
+    return cls.from_pretrained(path, use_kernels=hub_kernels, **kwargs)
+
+
+def _weights(cls: Any, path: str, role: str, hub_kernels: bool = False, **kwargs) -> Any:
+    """:func:`pretrained`, refusing weights that are unreadable, of other shapes, or missing (which
     ``from_pretrained`` would fill with random values and a warning)."""
     from safetensors import SafetensorError
 
     try:
-        model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
+        model, info = pretrained(cls, path, hub_kernels, output_loading_info=True, **kwargs)
     except (OSError, RuntimeError, SafetensorError) as error:
         raise AlignError(f"cannot read the {role}'s weights in '{path}' ({str(error).strip().splitlines()[0][:200]}); "
                          "the checkpoint is incomplete, corrupt or of another architecture: export or copy it again") from None

@@ -1,4 +1,10 @@
-"""What this process may use: its CPU cores and its accelerator."""
+"""What this process may use: its CPU cores and its accelerator.
+
+One rule says where work runs, for training and decoding alike: DeepSpeed's accelerator. ``DS_ACCELERATOR=cpu``
+keeps everything on the CPU on a machine with a GPU (the Makefile sets it where there is none; the tests set it
+for CPU runs), otherwise a visible GPU is used. The process group's backend follows the same accelerator (gloo on
+the CPU, NCCL on CUDA), so a CPU-scale run on a GPU machine never pairs NCCL with CPU tensors.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,34 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def on_cpu_by_choice() -> bool:
+    """Whether ``DS_ACCELERATOR=cpu`` keeps this process on the CPU whatever GPUs are visible."""
+    return os.environ.get("DS_ACCELERATOR", "").strip().lower() == "cpu"
+
+
 def default_device() -> str:
-    """The accelerator when there is one (this process's GPU under a launcher), else the CPU."""
-    if torch.cuda.is_available():
+    """Where models run unless told otherwise: this process's GPU (``cuda:LOCAL_RANK`` under a launcher) when one is
+    visible and ``DS_ACCELERATOR`` is not ``cpu``, else the CPU. DeepSpeed's engine picks the same device
+    (:func:`check_accelerator` refuses a disagreement)."""
+    if torch.cuda.is_available() and not on_cpu_by_choice():
         return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     return "cpu"
+
+
+def accelerator():
+    """DeepSpeed's accelerator for this process (its device, its collective backend)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator()
+
+
+def check_accelerator() -> None:
+    """DeepSpeed's accelerator and :func:`default_device` name the same kind of device: the models a run loads go
+    where the engine puts the drafter. (A DS_ACCELERATOR other than cpu or cuda is not one this toolkit has run
+    on.)"""
+    from align.errors import AlignError
+
+    kind = accelerator().device_name()
+    if kind != torch.device(default_device()).type:
+        raise AlignError(f"DeepSpeed's accelerator is {kind} but the models would load on {default_device()}; set "
+                         "DS_ACCELERATOR=cpu for a CPU run, or unset it to use the GPU")

@@ -107,7 +107,7 @@ def per_position(blocks: list[Block], gamma: int) -> list[float | None]:
 
 def expected_tau(alphas: list[float | None]) -> float:
     """τ implied by per-position rates: 1 + Σ_m Π_{j≤m} α_j (positions never reached count as 0)."""
-    q = torch.tensor([a if a is not None else 0.0 for a in alphas], dtype=torch.float64)
+    q = torch.tensor([a if a is not None else 0.0 for a in alphas], dtype=torch.float64, device="cpu")
     return 1.0 + float(expected_streak(q)) if len(alphas) else 1.0
 
 

@@ -33,7 +33,7 @@ from align.files import discard_partial, write_text
 from align.locks import exclusive
 from align.prompts import encode_prompt
 from align.verifier import plain_generation, sampling_config
-from align.zoo import cache_dir, check_prompts, load_prompts, resolve
+from align.zoo import cache_dir, check_model, check_prompts, load_prompts, resolve
 
 CHUNKS, DATASET, META = "chunks", "dataset", "meta.json"
 
@@ -179,7 +179,8 @@ class HFBackend:
         from align.verifier import eos_ids
 
         self.model, self.tokenizer = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype,
-                                                         device or default_device())
+                                                         device or default_device(),
+                                                         hub_kernels=recipe.run.hub_kernels)
         self.eos = eos_ids(self.model, self.tokenizer)
         self.data = recipe.data
 
@@ -188,13 +189,13 @@ class HFBackend:
         d = self.data
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         width = max(map(len, prompts))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        device = self.model.device
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         torch.manual_seed(seed)
         config = sampling_config(d.max_new_tokens, d.temperature, d.top_p, self.eos, pad, d.n)
         with plain_generation(self.model):
-            gen = self.model.generate(ids.to(self.model.device), attention_mask=mask.to(self.model.device),
-                                      generation_config=config)
+            gen = self.model.generate(ids, attention_mask=mask, generation_config=config)
         rows = [_cut(r, self.eos) for r in gen[:, width:].tolist()]
         return [rows[i * d.n:(i + 1) * d.n] for i in range(len(prompts))]
 
@@ -282,10 +283,9 @@ def main(argv: list[str]) -> int:
     except (ValueError, AssertionError):
         raise AlignError(f"--shard must be I/N with 0 <= I < N, got {args.shard}") from None
     recipe = load_recipe(args.recipe, args.overrides)
-    from align.loading import check_model_folder
-
-    check_model_folder(recipe.verifier.path, "verifier")  # every input before anything is built or generated
+    check_model(recipe.verifier.path, "verifier")  # every input before anything is built or generated
     check_prompts(recipe.data.prompts)
+    resolve(recipe.verifier.path)  # a zoo verifier is built now, if it has to be
     dataset = generate_rollouts(recipe, shard, shards, device=args.device)
     if dataset is not None:
         lengths = [len(r) for r in dataset["response_ids"]]

@@ -14,7 +14,7 @@ treats the draft as deterministic) and counts in its spec-decode metrics.
 Settings come from the environment, which vLLM's worker processes inherit:
 
 - ``ALIGN_DRAFTER`` (required): the drafter folder: an export of ``align/train.py`` (its ``meta.json`` names the
-  family) or any drafter folder, or ``zoo:NAME``;
+  family) or any drafter folder, or ``zoo:NAME`` of a built zoo model;
 - ``ALIGN_DRAFTER_FAMILY``: the family when the folder does not name it (default: detected);
 - ``ALIGN_DRAFTER_STEPS``: denoising steps per block (default 1);
 - ``ALIGN_DRAFTER_DTYPE``: float32 (default), bfloat16 or float16.
@@ -40,7 +40,8 @@ from align.drafters.diffusion import Drafter
 from align.errors import AlignError
 from align.inference import PrefixState
 from align.loading import infer_family
-from align.zoo import resolve
+from align.machine import default_device
+from align.paths import model_path
 
 
 class DiffusionProposer:
@@ -54,7 +55,7 @@ class DiffusionProposer:
         if not path:
             raise AlignError("align.serving.DiffusionProposer needs ALIGN_DRAFTER: set it to the drafter folder "
                              "(e.g. runs/tiny/final) in the environment that starts vLLM")
-        self.path = resolve(path)
+        self.path = model_path(path)
         self.steps = int(os.environ.get("ALIGN_DRAFTER_STEPS", "1"))
         self.dtype = os.environ.get("ALIGN_DRAFTER_DTYPE", "float32")
         self.family = os.environ.get("ALIGN_DRAFTER_FAMILY") or infer_family(self.path)
@@ -65,7 +66,7 @@ class DiffusionProposer:
     def load_model(self, target_model: Any = None, *args: Any, **kwargs: Any) -> None:
         """Load the drafter on the target model's device (vLLM calls this once, with the verifier)."""
         mend_cpu_temperature_expansion()
-        device = "cpu"
+        device = default_device()
         if target_model is not None:
             device = str(next(target_model.parameters()).device)
         drafter = load_drafter(self.path, self.verifier_path, family=self.family, dtype=self.dtype, device=device)
@@ -118,20 +119,26 @@ def mend_cpu_temperature_expansion() -> bool:
     uninitialised memory and sampled speculative decoding leaves the verifier's distribution (measured:
     bench/serving_load.py --proposer constant, where a constant draft token was emitted at ~60% of positions that the
     verifier gives ~0.25%; greedy is unaffected). Checked on a small case first, and replaced with the same
-    expansion in torch only where it is wrong."""
+    expansion in torch only where it is wrong. On a GPU the expansion is a Triton kernel of CUDA tensors: left as it
+    is."""
     try:
+        from vllm.platforms import current_platform
         from vllm.v1.sample import rejection_sampler
     except ImportError:  # not inside vLLM
         return False
-    probe = rejection_sampler.expand_batch_to_tokens(torch.tensor([0.5, -1.0]), torch.tensor([2, 3], dtype=torch.int32),
-                                                    3, replace_from=-1, replace_to=1)
-    if torch.equal(probe, torch.tensor([0.5, 0.5, 1.0])):
+    if not current_platform.is_cpu():
+        return False
+    cpu = torch.device("cpu")
+    probe = rejection_sampler.expand_batch_to_tokens(torch.tensor([0.5, -1.0], device=cpu),
+                                                    torch.tensor([2, 3], dtype=torch.int32, device=cpu), 3,
+                                                    replace_from=-1, replace_to=1)
+    if torch.equal(probe, torch.tensor([0.5, 0.5, 1.0], device=cpu)):
         return False
 
     def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int,
                                replace_from: int = 0, replace_to: int = 0) -> torch.Tensor:
         counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))
-        values = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype), x)
+        values = torch.where(x == replace_from, torch.as_tensor(replace_to, dtype=x.dtype, device=x.device), x)
         return values.repeat_interleave(counts, output_size=num_tokens)
 
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens

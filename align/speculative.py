@@ -78,6 +78,9 @@ class SpeculativeDecoder:
     one sequence at a time."""
 
     def __init__(self, drafter: DrafterKind, verifier: Verifier, eos_token_ids: set[int] | list[int] | int | None):
+        if drafter.device != verifier.device:  # the loop hands tensors between them without copies
+            raise AlignError(f"the drafter is on {drafter.device} and the verifier on {verifier.device}: load both on "
+                             "one device (--device)")
         self.drafter = drafter
         self.verifier = verifier
         if eos_token_ids is None:

@@ -40,11 +40,11 @@ from align.distill.windows import window_index
 from align.errors import AlignError, run_cli
 from align.export import export_checkpoint
 from align.files import discard_partial
-from align.loading import (check_model_folder, default_device, load_drafter_model, load_tokenizer, load_verifier_model,
-                           shared_vocab_size, usable_cores)
+from align.loading import (default_device, load_drafter_model, load_tokenizer, load_verifier_model, shared_vocab_size,
+                           usable_cores)
 from align.locks import hold_folder
 from align.rollouts import generate_rollouts, rollout_meta
-from align.zoo import check_prompts, resolve
+from align.zoo import check_model, check_prompts, resolve
 
 
 def main(argv: list[str]) -> int:
@@ -58,8 +58,8 @@ def main(argv: list[str]) -> int:
     out = Path(recipe.run.output_dir)
     d = recipe.drafter
     # every input before anything is started, built or loaded: the configs of both models say what they are
-    check_model_folder(d.path, "drafter", d.family)
-    check_model_folder(recipe.verifier.path, "verifier")
+    check_model(d.path, "drafter", d.family)
+    check_model(recipe.verifier.path, "verifier")
     check_prompts(recipe.data.prompts)
 
     # ----------------------------------------------------------------------------------------- processes
@@ -73,8 +73,9 @@ def main(argv: list[str]) -> int:
         hold_folder(out, "a training run")
 
     # ----------------------------------------------------------------------------------------- rollouts -> windows
-    drafter_tokenizer = load_tokenizer(resolve(d.path), "drafter", d.trust_remote_code)
-    verifier_tokenizer = load_tokenizer(resolve(recipe.verifier.path), "verifier")
+    drafter_path, verifier_path = resolve(d.path), resolve(recipe.verifier.path)  # zoo models: built now if need be
+    drafter_tokenizer = load_tokenizer(drafter_path, "drafter", d.trust_remote_code)
+    verifier_tokenizer = load_tokenizer(verifier_path, "verifier")
     vocab = shared_vocab_size(drafter_tokenizer, verifier_tokenizer, d.path, recipe.verifier.path)  # what decoding drafts
     rollouts = generate_rollouts(recipe, rank, world, barrier=barrier, progress=lead)
     rows, cut = within_vocab(rollouts.select_columns(["prompt_id", "prompt_ids", "response_ids"]).to_list(), vocab)
@@ -102,11 +103,13 @@ def main(argv: list[str]) -> int:
     Strategy = strategy_for(recipe)  # how this kind of drafter trains (align/distill/strategy.py)
     teacher = None  # the verifier, frozen: for objectives that read its logits, and drafters that read its features
     if Strategy.needs_verifier(recipe):  # whole on every process, before ZeRO-3 could shard it
-        teacher, _ = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype, default_device())
+        teacher, _ = load_verifier_model(verifier_path, recipe.verifier.dtype, default_device(),
+                                         hub_kernels=recipe.run.hub_kernels)
         teacher.requires_grad_(False)
     zero3 = Engine.prepare(recipe, world)  # ZeRO-3: parameters are sharded while the model loads
     weights_dtype = "bfloat16" if recipe.deepspeed.bf16 else "float32"
-    model, _ = load_drafter_model(d.path, d.family, weights_dtype, d.trust_remote_code)
+    model, _ = load_drafter_model(drafter_path, d.family, weights_dtype, d.trust_remote_code,
+                                  hub_kernels=recipe.run.hub_kernels)
     prepared = Strategy.prepare(recipe, model, teacher, drafter_tokenizer, rows, lead)  # its mask, its features
     data_fingerprint.update(prepared["fingerprint"])
     if d.freeze_embeddings:

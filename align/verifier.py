@@ -138,7 +138,8 @@ class Verifier:
             allowed[rows, self.cached + n + i * gamma:self.cached + n + (i + 1) * gamma] = block
         dtype = self.model.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
-        offsets = torch.cat([torch.arange(n), n + torch.arange(gamma).repeat(k)]).to(self.device)
+        offsets = torch.cat([torch.arange(n, device=self.device),
+                             n + torch.arange(gamma, device=self.device).repeat(k)])
         return mask[None, None], (self.cached + offsets)[None]
 
     def commit(self, index: int, accepted: int, next_token: int) -> None:

@@ -48,6 +48,7 @@ def base_drafter(verifier_path: str, target_layers: list[int], depth: int, init:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from align.loading import pretrained
     from align.zoo import resolve
     from align.zoo.derive import dflash_layers_from
     from align.zoo.models import dflash_model
@@ -60,7 +61,7 @@ def base_drafter(verifier_path: str, target_layers: list[int], depth: int, init:
                          text.intermediate_size, kv_heads=text.num_key_value_heads,
                          head_dim=getattr(text, "head_dim", None), seed=0)
     if init:
-        dflash_layers_from(model, AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32), init)
+        dflash_layers_from(model, pretrained(AutoModelForCausalLM, source, dtype=torch.float32), init)
     partial = out.with_name(out.name + ".partial")
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)

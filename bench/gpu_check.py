@@ -65,9 +65,9 @@ def train_throughput(pair: str, zero: int, lora: bool, args) -> tuple[float, flo
     device = engine.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    g = torch.Generator().manual_seed(0)
-    rows = [{"prompt_ids": torch.randint(300, 20_000, (args.prefix,), generator=g).tolist(),
-             "response_ids": torch.randint(300, 20_000, (args.response,), generator=g).tolist()}
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rows = [{"prompt_ids": torch.randint(300, 20_000, (args.prefix,), generator=g, device="cpu").tolist(),
+             "response_ids": torch.randint(300, 20_000, (args.response,), generator=g, device="cpu").tolist()}
             for _ in range(b * (args.steps + 1))]
     mask = recipe.drafter.mask_token_id if recipe.drafter.mask_token_id is not None else tokenizer.mask_token_id
     strategy = strategy_for(recipe)(recipe, engine.engine, rows, len(tokenizer), mask, device=device)

@@ -82,7 +82,7 @@ def stages(recipe: str, out: Path, vllm: bool) -> list[tuple[str, list[str], str
                      "rollouts"))
     todo += [
         (f"train: 2 processes, ZeRO-{spec['deepspeed']['zero_stage']}, bf16, LoRA r={spec['lora']['r']}",
-         [str(Path(py).with_name("deepspeed")), "--num_gpus", "2", "align/train.py", f"recipes/{recipe}.yaml", *args],
+         [py, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "align/train.py", f"recipes/{recipe}.yaml", *args],
          "train"),
         (f"eval.acceptance: bf16, γ={gamma}",
          [py, "-m", "eval.acceptance", "--ckpt", str(out / recipe / "run" / "final"), "--suite", "tinyworld", "--limit", "8",

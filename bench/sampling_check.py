@@ -27,7 +27,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 def main() -> None:
     from align.drafters import load_pair
-    from align.loading import drafting_of
+    from align.drafters import drafting_of
     from align.families import traits
     from align.lossless import chi_square_p
     from align.prompts import encode_prompt
@@ -47,10 +47,11 @@ def main() -> None:
                                              trust_remote_code=traits(meta["family"]).remote_code)
     prompt = encode_prompt(tokenizer, args.prompt)
     with torch.no_grad():
-        first = (verifier.model(input_ids=torch.tensor([prompt])).logits[0, -1].float() / args.temperature).softmax(-1)
+        ids = torch.tensor([prompt], device=verifier.device)
+        first = (verifier.model(input_ids=ids).logits[0, -1].float() / args.temperature).softmax(-1)
         mode = int(first.argmax())
-        second = (verifier.model(input_ids=torch.tensor([prompt + [mode]])).logits[0, -1].float()
-                  / args.temperature).softmax(-1)
+        ids = torch.tensor([prompt + [mode]], device=verifier.device)
+        second = (verifier.model(input_ids=ids).logits[0, -1].float() / args.temperature).softmax(-1)
     decoder = SpeculativeDecoder(drafter, verifier, eos_ids(verifier.model, tokenizer))
     firsts, seconds = Counter(), Counter()
     for seed in tqdm(range(args.samples), desc="speculative samples"):

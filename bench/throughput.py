@@ -265,9 +265,9 @@ def synthetic_rollouts(count: int, prompt_len: int, response_len: int, vocab: in
     """Random-token rollouts of fixed lengths (a replica has no trained verifier to roll out)."""
     import torch
 
-    generator = torch.Generator().manual_seed(seed)
-    return [{"prompt_ids": torch.randint(4, vocab, (prompt_len,), generator=generator).tolist(),
-             "response_ids": torch.randint(4, vocab, (response_len,), generator=generator).tolist()}
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return [{"prompt_ids": torch.randint(4, vocab, (prompt_len,), generator=generator, device="cpu").tolist(),
+             "response_ids": torch.randint(4, vocab, (response_len,), generator=generator, device="cpu").tolist()}
             for _ in range(count)]
 
 

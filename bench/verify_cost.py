@@ -33,6 +33,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--trim", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: the accelerator when present)")
     p.add_argument("--out", default=None, help="also write the table as JSON here")
     args = p.parse_args()
     from align.errors import AlignError
@@ -45,7 +46,7 @@ def main() -> None:
     except ValueError:
         raise SystemExit("error: --positions takes whole numbers of at least 1 (e.g. 1,4,16), and --reps must "
                          "exceed twice --trim") from None
-    from align.loading import DTYPES, load_verifier_model
+    from align.loading import DTYPES, default_device, load_verifier_model
 
     if unknown := [d for d in dtypes if d not in DTYPES]:
         raise SystemExit(f"error: unknown --dtype {unknown[0]}; choose from {', '.join(DTYPES)}")
@@ -57,22 +58,23 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        verifiers = {d: Verifier(load_verifier_model(args.verifier, d)[0]) for d in dtypes}
+        verifiers = {d: Verifier(load_verifier_model(args.verifier, d, args.device or default_device())[0])
+                     for d in dtypes}
     except AlignError as error:
         raise SystemExit(f"error: {error}") from None
     vocab = min(v.model.config.get_text_config().vocab_size for v in verifiers.values())
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (args.prefix,), generator=generator).tolist()
+    generator = torch.Generator(device="cpu").manual_seed(0)  # the same tokens on every device
+    prompt = torch.randint(0, vocab, (args.prefix,), generator=generator, device="cpu").tolist()
     times: dict[tuple[str, int], list[float]] = {(d, q): [] for d in dtypes for q in positions}
     for v in verifiers.values():
         v.start(prompt)
-        v.score(torch.zeros((1, 0), dtype=torch.long))
+        v.score(torch.zeros((1, 0), dtype=torch.long, device=v.device))
         v.commit(0, 0, 0)
     for rep in range(args.warmup + args.reps):
         for d in dtypes:
             for q in positions:
                 v = verifiers[d]
-                draft = torch.randint(0, vocab, (1, q - 1), generator=generator)
+                draft = torch.randint(0, vocab, (1, q - 1), generator=generator, device="cpu").to(v.device)
                 start = now(v.device)
                 v.score(draft)
                 elapsed = now(v.device) - start

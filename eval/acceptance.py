@@ -38,15 +38,14 @@ from align.config import SelectionConfig, build_recipe
 from align.errors import AlignError, run_cli
 from align.files import write_text
 from align.drafters import load_drafter, ngram
-from align.loading import (check_drafter_folder, check_model_folder, default_device, infer_family,
-                           load_verifier_model, trained_steps)
+from align.loading import default_device, infer_family, load_verifier_model, trained_steps
 from align.lossless import lossless_counts
 from align.metrics import now
 from align.prompts import encode_prompt, read_prompt_file
 from align.selection import make_selection
 from align.speculative import SpeculativeDecoder
 from align.verifier import Verifier, ar_generate, counted_generate, eos_ids, verifier_alone
-from align.zoo import resolve
+from align.zoo import check_drafter, check_model, resolve
 from eval.analysis import PromptRecord, combine_seeds, summarize
 from eval.quality import nll_per_token, quality
 from eval.suites import SUITES, load_suite
@@ -123,6 +122,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "whose passes over several positions cost little more than one on a CPU with AMX, beside a "
                         "float32 drafter, whose small passes run faster in float32; default: --dtype)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: the accelerator when present)")
+    p.add_argument("--hub-kernels", action="store_true", help="let transformers swap in kernels from the Hugging "
+                   "Face Hub (needs the network or a filled kernel cache; off: the models' own code)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow the drafter's own modelling code (an exported drafter's recipe may already say so)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -197,9 +198,10 @@ def check_args(args: argparse.Namespace) -> None:
 
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]:
     """(aligned drafter, baseline drafter or None, verifier, family) from the flags and the checkpoint's meta.json.
-    Every model path is checked (``check_model_folder``) before any is built or loaded."""
+    Every model path is checked (``align.zoo.check_model``) before any is built or loaded; then the zoo models they
+    name are built, if they have to be."""
     check_args(args)
-    found = check_model_folder(args.ckpt, "drafter", args.family)
+    found = check_model(args.ckpt, "drafter", args.family)
     meta_file = Path(found) / "meta.json" if found else None
     try:
         meta = json.loads(meta_file.read_text()) if meta_file is not None and meta_file.is_file() else {}
@@ -215,13 +217,16 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]
         baseline = None
     family = args.family or meta.get("family")
     if found is not None:  # a local drafter: its config says what it is, before anything else loads or builds
-        family = check_drafter_folder(args.ckpt, family, args.trust_remote_code)
+        family = check_drafter(args.ckpt, family, args.trust_remote_code)
     for path, role, kind in ((verifier, "verifier", None), (baseline, "baseline drafter", family),
                              (args.assistant, "assistant", "ar"),
                              *((model_path(path), f"drafter '{label}'", None) for label, path in args.drafter)):
         if path is not None:
-            check_model_folder(path, role, kind)
+            check_model(path, role, kind)
     ckpt = resolve(args.ckpt)  # every input checked: a zoo drafter is built now, if it has to be
+    for path in (verifier, baseline, args.assistant, *(model_path(path) for _, path in args.drafter)):
+        if path is not None:
+            resolve(path)  # and so are the other zoo models named (loading finds them by name)
     selection = SelectionConfig()
     dtype = "float32"
     if (Path(ckpt) / "recipe.yaml").is_file():  # an exported drafter: its recipe's self-selection defaults, and
@@ -250,7 +255,7 @@ def main(argv: list[str]) -> int:
         return through_vllm(args, ckpt, baseline, verifier_path, family, prompts, suite, out)
 
     device = args.device or default_device()
-    verifier_model, tokenizer = load_verifier_model(verifier_path, args.dtype, device)
+    verifier_model, tokenizer = load_verifier_model(verifier_path, args.dtype, device, hub_kernels=args.hub_kernels)
     eos = eos_ids(verifier_model, tokenizer)
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
 
@@ -389,7 +394,8 @@ def load_decoder(args, path, family, verifier_model, verifier, tokenizer, verifi
     ``--steps``, else the T the drafter was trained for."""
     drafter = load_drafter(path, verifier_path, verifier_model, family=family,
                            dtype=args.drafter_dtype or args.dtype, device=device,
-                           trust_remote_code=args.trust_remote_code, verifier_tokenizer=tokenizer)
+                           trust_remote_code=args.trust_remote_code, verifier_tokenizer=tokenizer,
+                           hub_kernels=args.hub_kernels)
     steps = args.steps or [trained_steps(model_path(path) or path)]
     return SpeculativeDecoder(drafter, verifier, eos), settings(args, steps)
 
@@ -454,7 +460,8 @@ def alternative_options(args: argparse.Namespace, device: str) -> list[tuple[str
 
     found = [(f"prompt lookup {n}", {"prompt_lookup_num_tokens": n}) for n in args.prompt_lookup]
     if args.assistant:
-        assistant, _ = load_verifier_model(args.assistant, args.dtype, device, role="assistant")
+        assistant, _ = load_verifier_model(args.assistant, args.dtype, device, role="assistant",
+                                           hub_kernels=args.hub_kernels)
         for n in args.assistant_tokens or [None]:
             model = assistant
             if n is not None:  # the same weights, a generation config of its own

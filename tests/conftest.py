@@ -12,6 +12,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# transformers' own default, whatever this machine's environment says: only the loader may keep Hub kernels off
+os.environ["USE_HUB_KERNELS"] = "YES"
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,6 +128,25 @@ def world_prompts(tmp_path_factory):
     rows = build_world(docs_per_kind=40, test_per_kind=3, seed=0)["train_prompts"]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_hub_kernels():
+    """Every model load in every test keeps transformers' Hub kernels off: a load that would turn them on (on a GPU it
+    fetches ``kernels-community/*`` from the Hub, which fails offline) fails the test, on this CPU machine too."""
+    from transformers import PreTrainedModel
+
+    original = PreTrainedModel.set_use_kernels
+
+    def guarded(self, use_kernels, *args, **kwargs):
+        if use_kernels:
+            raise AssertionError(f"loading {type(self).__name__} asked transformers for the Hub's kernels "
+                                 "(use_kernels): load models through align.loading.pretrained")
+        return original(self, use_kernels, *args, **kwargs)
+
+    PreTrainedModel.set_use_kernels = guarded
+    yield
+    PreTrainedModel.set_use_kernels = original
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -30,7 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_train import ROOT, env, overrides, run_cli, run_main
+from test_train import DEEPSPEED, ROOT, env, overrides, run_cli, run_main
 
 TRIALS = int(os.environ.get("ALIGN_FAULT_TRIALS", "1"))
 OUTCOMES: list[tuple[str, str, int, str]] = []  # (fault, stage, trial, outcome)
@@ -185,7 +185,6 @@ def test_a_full_disk_during_a_save_is_one_line_then_a_rerun_completes(straight, 
 
 # ---------------------------------------------------------------------------------------- two processes
 
-DEEPSPEED = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2"]
 # micro-batch 8 x 2 processes > 8: the trainer splits the batch, 4 per process (a one-process recipe, unchanged)
 TWO_RANKS = {"train.max_steps": 6, "train.save_every": 2, "train.micro_batch_size": 8, "train.global_batch_size": 8}
 
@@ -209,7 +208,8 @@ def _rank_pid(launcher: subprocess.Popen, rank: int, deadline: float) -> int:
 def straight_two(model_dirs, world_prompts, tmp_path_factory):
     """An uninterrupted two-process run."""
     out = tmp_path_factory.mktemp("straight_two") / "run"
-    proc = run_cli(overrides(model_dirs, world_prompts, out, **TWO_RANKS), launcher=DEEPSPEED + ["--master_port", "29741"])
+    proc = run_cli(overrides(model_dirs, world_prompts, out, **TWO_RANKS),
+                   launcher=DEEPSPEED + ["--master_port", "29741"])
     log, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, log
     return out

@@ -45,7 +45,8 @@ def proposer(path: Path, verifier: Path, gamma: int, max_len: int, monkeypatch):
 
 def test_proposer_drafts_every_request_in_one_pass_keeps_prefix_state_and_respects_the_length(
         aligned, vllm_verifier, monkeypatch):
-    from align.loading import drafting_of, load_drafter_model
+    from align.drafters import drafting_of
+    from align.loading import load_drafter_model
     from align.drafters.diffusion import Drafter
 
     p = proposer(aligned, vllm_verifier, gamma=4, max_len=40, monkeypatch=monkeypatch)

@@ -27,6 +27,10 @@ class EchoDrafter(Drafter):
         self.verifier_model, self.vocab_size, self.noise = verifier_model, vocab, noise
         self.rng = random.Random(seed)
 
+    @property
+    def device(self):
+        return self.verifier_model.device
+
     def reset(self):
         pass
 

@@ -1,7 +1,8 @@
 """The package's structure: imports inside ``align/`` run one way (no module reaches, directly or through others,
 back to a module that imports it), counting every import — module-level, inside functions and type-only — since a
-lazy import is a dependency too. A package's own ``__init__`` is not counted as a dependency of its submodules
-(Python imports it first whatever they name)."""
+lazy import is a dependency too, and counting what Python runs for it: importing ``align.drafters.diffusion`` runs
+``align/drafters/__init__.py`` first, so a module that imports it depends on that package too. Only a module's own
+packages are left out (Python has imported them before the module runs)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,16 @@ def module_graph(package: str = "align") -> dict[str, set[str]]:
                 if node.level:
                     parts = here.split(".")[: len(here.split(".")) - node.level + 1]
                     base = ".".join(parts + ([base] if base else []))
-                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+                # from PACKAGE import NAME: the submodule PACKAGE.NAME where there is one, else PACKAGE itself
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
             else:
                 continue
             for target in targets:
                 found = owner(target)
-                if found and found != name and not name.startswith(found + "."):  # not its own package's __init__
-                    graph[name].add(found)
+                while found and found != name and not name.startswith(found + "."):  # not its own packages
+                    graph[name].add(found)  # the module, and the packages Python runs before it
+                    found = found.rpartition(".")[0]
+                    found = found if found in files else None
     return graph
 
 
@@ -78,6 +82,34 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle_inside_align():
     assert circles(module_graph()) == []
+
+
+def test_importing_a_submodule_depends_on_its_packages(tmp_path, monkeypatch):
+    """``from align.drafters.diffusion import X`` runs align/drafters/__init__.py too: an edge to both."""
+    graph = module_graph()
+    assert {"align.drafters.diffusion", "align.drafters"} <= graph["align.distill.windows"]
+    assert "align.drafters" not in graph["align.drafters.diffusion"]  # its own package: imported before it
+
+
+def below(graph: dict[str, set[str]], top: str) -> set[str]:
+    """The modules ``top`` (a package: with its submodules) reaches, outside it."""
+    seen, stack = set(), [m for m in graph if m == top or m.startswith(top + ".")]
+    while stack:
+        for w in graph[stack.pop()]:
+            if w not in seen:
+                seen.add(w)
+                stack.append(w)
+    return {m for m in seen if not (m == top or m.startswith(top + "."))}
+
+
+def test_nothing_below_the_zoo_imports_it():
+    """The zoo builds models with the loader, the drafters and the trainer's pieces; none of those reaches back into
+    the zoo: a ``zoo:NAME`` path becomes a folder in align.paths (below everything), and the commands build the zoo
+    models they name before loading them."""
+    graph = module_graph()
+    under = below(graph, "align.zoo")
+    assert {"align.loading", "align.drafters", "align.distill.packing"} <= under
+    assert sorted(m for m in under if any(t == "align.zoo" or t.startswith("align.zoo.") for t in graph[m])) == []
 
 
 def test_the_circle_check_finds_a_circle():

@@ -18,6 +18,11 @@ from safetensors.torch import load_file
 from align.errors import AlignError
 
 ROOT = Path(__file__).resolve().parents[1]
+# two processes under DeepSpeed's launcher, found however the package was installed (pip install --target leaves no
+# `deepspeed` script next to the interpreter)
+DEEPSPEED = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2"]
+
+
 def env() -> dict[str, str]:
     """The environment of a subprocess run: read at call time (after the fixtures set ALIGN_CACHE), without the
     process-group variables an in-process run left behind (its MASTER_PORT may still be bound)."""
@@ -79,7 +84,7 @@ def test_cli_trains_evaluates_and_exports(model_dirs, world_prompts, tmp_path):
     assert {"before", "after"} <= set(meta["heldout"])
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(out / "final")
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(out / "final", use_kernels=False)  # offline: no Hub kernels
     assert isinstance(model, DiffusionGemmaForBlockDiffusion)
     trained = load_file(out / "final" / "model.safetensors")
     base = load_file(Path(model_dirs["diffusiongemma"]) / "model.safetensors")
@@ -143,7 +148,7 @@ def test_two_processes_follow_the_one_process_loss_curve(model_dirs, world_promp
     one, two = tmp_path / "one", tmp_path / "two"
     assert run_main(overrides(out=one, **args, **{"train.max_steps": 5, "train.micro_batch_size": 2})) == 0
     proc = run_cli(overrides(out=two, **args, **{"train.max_steps": 5, "train.micro_batch_size": 2}),
-                   launcher=[str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "29731"])
+                   launcher=DEEPSPEED + ["--master_port", "29731"])
     log, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, log
     a, b = losses(one), losses(two)
@@ -215,7 +220,7 @@ def test_how_the_drafter_drafts_travels_with_the_export(model_dirs, world_prompt
     """distill.canvas_seed and distill.first_token reach the export's meta.json, and every loader drafts so; the
     held-out metrics are those of the first token decoding drafts (the encoder's: they differ from the canvas's)."""
     from align.drafters import load_pair
-    from align.loading import drafting_of
+    from align.drafters import drafting_of
 
     out = tmp_path / "run"
     assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1, "distill.canvas_seed": 5,
@@ -240,7 +245,8 @@ def test_a_bidirectional_drafter_reads_at_decoding_the_context_it_trained_on(mod
     so, and decoding cuts the prefix the drafter re-reads every block to the same last tokens (DiffusionGemma caches
     the whole prefix: no cut)."""
     from align.drafters.diffusion import Drafter
-    from align.loading import drafting_of, load_drafter_model
+    from align.drafters import drafting_of
+    from align.loading import load_drafter_model
 
     out = tmp_path / "run"
     assert run_main(overrides(model_dirs, world_prompts, out, family="mdlm",

@@ -33,6 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     t.add_argument("--init", default=None, help="start from this causal LM instead of random weights")
     t.add_argument("--eval-every", type=int, default=200, help="held-out evaluation every N steps (0: at the end)")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    t.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: the accelerator when present)")
     e = sub.add_parser("eval", help="speculative decoding with the AR drafter vs the verifier alone")
     e.add_argument("--drafter", required=True, help="an AR drafter folder (from train)")
     e.add_argument("--diffusion", default=None, help="also measure this diffusion drafter, e.g. runs/tiny/final")

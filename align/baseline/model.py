@@ -71,9 +71,9 @@ def drafter_shape(path: str, family: str, trust_remote_code: bool = False) -> di
         raise AlignError(f"cannot read the drafter's config from '{path}' ({str(error).splitlines()[0]})") from None
     with torch.device("meta"):
         cls = model_class(family, config)
-        own = getattr(cls, "config_class", None)  # a project model reads its own config (a dflash drafter's layers)
-        if own is not None and not isinstance(config, own):
-            config = own.from_pretrained(path)
+        own_config = getattr(cls, "config_class", None)  # a project model reads its own (a dflash drafter's layers)
+        if own_config is not None and not isinstance(config, own_config):
+            config = own_config.from_pretrained(path)
         model = cls.from_config(config, trust_remote_code=trust_remote_code) if hasattr(cls, "from_config") \
             else cls(config)
     text = config.get_text_config()

@@ -73,20 +73,21 @@ def load_sequences(recipe, vocab: int) -> tuple[list[tuple[list[int], int]], lis
     return train, heldout, {**rollout_meta(recipe), "dir": str(rollouts_dir(recipe))}
 
 
-def collate(docs: list[tuple[list[int], int]], prompt_weight: float, max_len: int, pad: int = 0):
-    """Right-padded ids (B, L), attention mask, and per-target weights (B, L - 1): 1 for response tokens,
-    ``prompt_weight`` for prompt tokens after the first, 0 for padding."""
+def collate(docs: list[tuple[list[int], int]], prompt_weight: float, max_len: int, pad: int = 0,
+            device: torch.device | str = "cpu"):
+    """Right-padded ids (B, L), attention mask, and per-target weights (B, L - 1) on ``device``: 1 for response
+    tokens, ``prompt_weight`` for prompt tokens after the first, 0 for padding."""
     docs = [(ids[:max_len], p) for ids, p in docs]
     width = max(len(ids) for ids, _ in docs)
-    ids = torch.full((len(docs), width), pad, dtype=torch.long)
+    ids = torch.full((len(docs), width), pad, dtype=torch.long, device="cpu")
     mask = torch.zeros_like(ids)
-    weight = torch.zeros((len(docs), width - 1))
+    weight = torch.zeros((len(docs), width - 1), device="cpu")
     for row, (tokens, prompt_len) in enumerate(docs):
-        ids[row, :len(tokens)] = torch.tensor(tokens)
+        ids[row, :len(tokens)] = torch.tensor(tokens, device="cpu")
         mask[row, :len(tokens)] = 1
         weight[row, :len(tokens) - 1] = prompt_weight
         weight[row, max(0, prompt_len - 1):len(tokens) - 1] = 1.0  # target t + 1 is a response token
-    return ids, mask, weight
+    return ids.to(device), mask.to(device), weight.to(device)
 
 
 def batches(docs: list, batch_size: int, rng: random.Random):
@@ -124,7 +125,7 @@ def evaluate(model, docs: list, gamma: int, max_len: int, batch_size: int = 32,
     total = correct = ce_sum = streak_sum = offsets = blocks = accepted = 0.0
     for lo in range(0, len(docs), batch_size):
         part = docs[lo:lo + batch_size]
-        ids, mask, weight = collate(part, 0.0, max_len)
+        ids, mask, weight = collate(part, 0.0, max_len, device=next(model.parameters()).device)
         ce, logits = sequence_loss(model, ids, mask, weight)
         hit = (logits.argmax(-1) == ids[:, 1:]) & (weight > 0)
         ce_sum += float(ce)
@@ -152,7 +153,7 @@ def train(args: argparse.Namespace) -> Path:
     from tqdm.auto import tqdm
     from transformers import GenerationConfig
 
-    from align.loading import load_tokenizer, shared_vocab_size
+    from align.loading import default_device, load_tokenizer, pretrained, shared_vocab_size
     from align.zoo import resolve
 
     run, out = Path(args.run), Path(args.out)
@@ -189,7 +190,7 @@ def train(args: argparse.Namespace) -> Path:
     if args.init:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(resolve(args.init), dtype=torch.float32)
+        model = pretrained(AutoModelForCausalLM, resolve(args.init), dtype=torch.float32)
         sizes = {"init": args.init}
     else:
         hidden = args.hidden or target["hidden"]
@@ -202,6 +203,8 @@ def train(args: argparse.Namespace) -> Path:
                          eos)
         sizes = {"hidden": hidden, "layers": layers, "heads": heads, "intermediate": intermediate}
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=tokenizer.bos_token_id)
+    device = torch.device(args.device or default_device())
+    model.to(device)
     parameters = count_parameters(model)
     print(f"AR drafter: {parameters:,} parameters ({', '.join(f'{k} {v}' for k, v in sizes.items())}); diffusion "
           f"drafter {recipe.drafter.path}: {target['parameters']:,} parameters")
@@ -231,7 +234,7 @@ def train(args: argparse.Namespace) -> Path:
         start = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = args.lr * factor(step, spent)
-        ids, mask, weight = collate(next(stream), args.prompt_weight, max_len, pad)
+        ids, mask, weight = collate(next(stream), args.prompt_weight, max_len, pad, device)
         num, _ = sequence_loss(model, ids, mask, weight)
         loss = num / weight.sum().clamp(min=1)
         if not torch.isfinite(loss):
@@ -264,7 +267,7 @@ def train(args: argparse.Namespace) -> Path:
             "diffusion_drafter_parameters": target["parameters"], **sizes, "gamma": gamma,
             "heldout": {"before": before, "after": after}, "train_sequences": len(train_docs),
             "heldout_sequences": len(heldout_docs)}
-    save(model, tokenizer, meta, log, out)
+    save(model.cpu(), tokenizer, meta, log, out)
     if after:
         print(f"held-out (teacher-forced, γ {gamma}): greedy streak {before['greedy_streak']:.2f} -> "
               f"{after['greedy_streak']:.2f}, next-token accuracy {after['accuracy']:.3f}, CE {after['ce']:.3f}")

@@ -52,10 +52,10 @@ class DFlashBatch:
 
 def pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (B, longest), right-padded with 0, and the attention mask (1 on each sequence's tokens)."""
-    ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)
+    ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long, device="cpu")
     attention = torch.zeros_like(ids)
     for r, seq in enumerate(seqs):
-        ids[r, :len(seq)] = torch.tensor(seq)
+        ids[r, :len(seq)] = torch.tensor(seq, device="cpu")
         attention[r, :len(seq)] = 1
     return ids, attention
 
@@ -75,7 +75,7 @@ def chunks(gamma: int, steps: int) -> list[tuple[int, int]]:
 def training_given(lengths: torch.Tensor, gamma: int, steps: int, generator: torch.Generator) -> torch.Tensor:
     """Per window, the rows a training pass holds: the start of a chunk drawn uniformly from the T passes', short of
     the window's ``lengths`` (its labels: at least one is left to learn)."""
-    starts = torch.tensor([lo for lo, _ in chunks(gamma, steps)], dtype=torch.long)
+    starts = torch.tensor([lo for lo, _ in chunks(gamma, steps)], dtype=torch.long, device="cpu")
     drawn = starts[torch.randint(0, len(starts), (len(lengths),), generator=generator, device=generator.device).cpu()]
     return torch.minimum(drawn.to(lengths.device), (lengths - 1).clamp(min=0))
 
@@ -104,20 +104,21 @@ def make_batch(rollouts, pairs: torch.Tensor, gamma: int, given: torch.Tensor | 
     seqs = [rollouts[row]["prompt_ids"] + rollouts[row]["response_ids"] for row in groups]
     most = max(map(len, groups.values()))
     ids, attention = pad(seqs)
-    starts = torch.full((len(seqs), most), -1, dtype=torch.long)
+    starts = torch.full((len(seqs), most), -1, dtype=torch.long, device="cpu")
     slot_of = {}
     for r, (row, ts) in enumerate(groups.items()):
         prompt = len(rollouts[row]["prompt_ids"])
         for w, t in enumerate(ts):
             starts[r, w] = prompt + t - 1
             slot_of[(row, t)] = r * most + w
-    labels = torch.full((len(pairs), gamma), -100, dtype=torch.long)
-    slots = torch.empty(len(pairs), dtype=torch.long)
+    labels = torch.full((len(pairs), gamma), -100, dtype=torch.long, device="cpu")
+    slots = torch.empty(len(pairs), dtype=torch.long, device="cpu")
     for n, (row, t) in enumerate(pairs.tolist()):
         target = rollouts[row]["response_ids"][t:t + gamma]
-        labels[n, :len(target)] = torch.tensor(target, dtype=torch.long)
+        labels[n, :len(target)] = torch.tensor(target, dtype=torch.long, device="cpu")
         slots[n] = slot_of[(row, t)]
-    return DFlashBatch(ids, attention, starts, labels, slots, torch.tensor(list(groups), dtype=torch.long), given)
+    rows = torch.tensor(list(groups), dtype=torch.long, device="cpu")
+    return DFlashBatch(ids, attention, starts, labels, slots, rows, given)
 
 
 @torch.no_grad()

@@ -38,7 +38,7 @@ def cache_key(fingerprint: str, dtype: torch.dtype, layers: list[int], sequences
     does not tell float32 from bfloat16), its dtype and the layers."""
     digest = hashlib.sha256()
     for seq in sequences:
-        digest.update(torch.tensor(seq, dtype=torch.int64).numpy().tobytes())
+        digest.update(torch.tensor(seq, dtype=torch.int64, device="cpu").numpy().tobytes())
         digest.update(b"|")
     digest.update(json.dumps([fingerprint, str(dtype), list(layers)]).encode())
     return digest.hexdigest()[:16]
@@ -103,7 +103,7 @@ class FeatureCache:
 
     def take(self, rows: list[int], length: int) -> torch.Tensor:
         """The features (R, length, F) of rollouts ``rows``, zero after each rollout's end."""
-        out = torch.zeros((len(rows), length, self.width), dtype=self.data.dtype)
+        out = torch.zeros((len(rows), length, self.width), dtype=self.data.dtype, device="cpu")
         for r, i in enumerate(rows):
             lo, hi = self.offsets[i], self.offsets[i + 1]
             out[r, :hi - lo] = self.data[lo:hi]

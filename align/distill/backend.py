@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from align.config import Recipe
 from align.errors import AlignError
+from align.machine import accelerator
 
 TAG = "ds"  # DeepSpeed's own folder inside each checkpoint
 
@@ -32,10 +33,11 @@ def deepspeed_config(recipe: Recipe, world_size: int) -> dict[str, Any]:
         raise AlignError(f"train.global_batch_size ({t.global_batch_size}) must be a multiple of "
                          f"train.micro_batch_size x processes ({t.micro_batch_size} x {world_size}); change one of them")
     zero: dict[str, Any] = {"stage": ds.zero_stage}
+    pin = accelerator().device_name() != "cpu"  # pinned host memory speeds copies to a GPU; on the CPU it is none
     if ds.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
     if ds.offload_params:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
     if ds.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     return {

@@ -47,13 +47,13 @@ class WindowOrder:
 
     def _epoch(self, epoch: int) -> torch.Tensor:
         if epoch not in self.cache:
-            generator = torch.Generator().manual_seed(self.seed + epoch)
+            generator = torch.Generator(device="cpu").manual_seed(self.seed + epoch)
             if self.spans is None:
-                order = torch.randperm(self.count, generator=generator)
+                order = torch.randperm(self.count, generator=generator, device="cpu")
             else:
-                groups = [chunk for start, length in self.spans
-                          for chunk in (start + torch.randperm(length, generator=generator)).split(self.group)]
-                order = torch.cat([groups[i] for i in torch.randperm(len(groups), generator=generator)])
+                groups = [chunk for start, length in self.spans for chunk in
+                          (start + torch.randperm(length, generator=generator, device="cpu")).split(self.group)]
+                order = torch.cat([groups[i] for i in torch.randperm(len(groups), generator=generator, device="cpu")])
             self.cache = {epoch: order}
         return self.cache[epoch]
 
@@ -72,7 +72,8 @@ def whole_rollouts(pairs: torch.Tensor, limit: int, seed: int) -> torch.Tensor:
     as many rollouts as fit in ``limit`` windows (at least one): every offset of a rollout is there to walk."""
     spans = rollout_spans(pairs)
     taken, total = [], 0
-    for i in torch.randperm(len(spans), generator=torch.Generator().manual_seed(seed)).tolist():
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    for i in torch.randperm(len(spans), generator=generator, device="cpu").tolist():
         start, length = spans[i]
         if taken and total + length > limit:
             continue

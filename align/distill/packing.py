@@ -77,27 +77,27 @@ def make_packed(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int, 
         seqs.append((item["prompt_ids"][-max_prefix_len:], item["response_ids"]))
     width = max(len(p) + len(r) for p, r in seqs)
     g = len(groups)
-    seq = torch.full((g, width), pad_token_id, dtype=torch.long)
+    seq = torch.full((g, width), pad_token_id, dtype=torch.long, device="cpu")
     seq_mask = torch.zeros_like(seq)
-    offsets = torch.full((g, calls, per_call), -1, dtype=torch.long)
-    canvas = torch.zeros((g, calls, per_call, gamma), dtype=torch.long)
-    labels = torch.full((len(pairs), gamma), -100, dtype=torch.long)
+    offsets = torch.full((g, calls, per_call), -1, dtype=torch.long, device="cpu")
+    canvas = torch.zeros((g, calls, per_call, gamma), dtype=torch.long, device="cpu")
+    labels = torch.full((len(pairs), gamma), -100, dtype=torch.long, device="cpu")
     slot_of: dict[tuple[int, int], int] = {}
     for i, ((row, ts), (prompt, response)) in enumerate(zip(groups.items(), seqs)):
         tokens = prompt + response
-        seq[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        seq[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long, device="cpu")
         seq_mask[i, :len(tokens)] = 1
         for k, t in enumerate(ts):
             j, c = divmod(k, per_call)
             offsets[i, j, c] = t
             canvas[i, j, c] = window_canvas(family, row, t, gamma, mask_token_id, vocab_size, seed, canvas_seed)
             slot_of[(row, t)] = (i * calls + j) * per_call + c
-    slots = torch.empty(len(pairs), dtype=torch.long)
+    slots = torch.empty(len(pairs), dtype=torch.long, device="cpu")
     for n, (row, t) in enumerate(pairs.tolist()):
         target = rollouts[row]["response_ids"][t:t + gamma]
-        labels[n, :len(target)] = torch.tensor(target, dtype=torch.long)
+        labels[n, :len(target)] = torch.tensor(target, dtype=torch.long, device="cpu")
         slots[n] = slot_of[(row, t)]
-    prompt_len = torch.tensor([len(p) for p, _ in seqs], dtype=torch.long)
+    prompt_len = torch.tensor([len(p) for p, _ in seqs], dtype=torch.long, device="cpu")
     return PackedBatch(seq, seq_mask, prompt_len, offsets, canvas, labels, slots)
 
 
@@ -219,4 +219,4 @@ def _as_mask(allowed: torch.Tensor, attention: str) -> torch.Tensor:
     """A boolean mask (True: attend) in the form the attention kernel takes."""
     if attention == "sdpa":
         return allowed
-    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min).to(allowed.device)
+    return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, torch.finfo(torch.float32).min)

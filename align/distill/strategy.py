@@ -51,15 +51,19 @@ class NonFiniteLoss(Exception):
 class Strategy:
     """What a training step needs of a drafter kind. ``model`` is what runs the drafter (the DeepSpeed engine in
     training, the bare model in a benchmark); ``rows`` the rollouts (prompt_ids, response_ids); ``verifier`` the
-    frozen verifier when the objective or the kind reads it."""
+    frozen verifier when the objective or the kind reads it, moved to ``device`` (default: where the model's weights
+    are), where every batch is collated."""
 
     name: str
     packs = False  # the data order keeps each rollout's windows together (groups that share one pass)
 
     def __init__(self, recipe: Recipe, model: Any, rows: list[dict], vocab: int, mask_id: int | None,
-                 verifier: Any = None, feature_cache: Any = None, device: Any = "cpu"):
+                 verifier: Any = None, feature_cache: Any = None, device: Any = None):
         self.recipe, self.model, self.rows, self.vocab, self.mask_id = recipe, model, rows, vocab, mask_id
-        self.verifier, self.feature_cache, self.device = verifier, feature_cache, device
+        self.feature_cache = feature_cache
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        # the frozen verifier runs where the drafter runs (the engine's device): its passes read the same batches
+        self.verifier = None if verifier is None else verifier.to(self.device)
         self.lengths = [len(r["response_ids"]) for r in rows]
         self.gamma = recipe.distill.gamma
         self.objective = OBJECTIVES[recipe.distill.objective]
@@ -125,10 +129,10 @@ class Strategy:
         """(den of the objective, den of cross-entropy) for a whole global batch, from the window lengths alone (less
         the rows that hold their labels, ``given``)."""
         valid = torch.tensor([min(self.gamma, self.lengths[row] - t) for row, t in windows.tolist()],
-                             dtype=torch.float64)
+                             dtype=torch.float64, device="cpu")
         if given is not None:
             valid = valid - given.double()
-        windows_den = torch.tensor(float(len(windows)))
+        windows_den = torch.tensor(float(len(windows)), device="cpu")
         return torch.stack([windows_den if self.objective.per_window else valid.sum(), valid.sum()]).float()
 
     def next_token_denominator(self, windows: torch.Tensor, micro_batch_size: int) -> float:
@@ -331,8 +335,8 @@ class FeatureStrategy(Strategy):
             return windows, None
         from align.dflash.batch import training_given
 
-        valid = torch.tensor([min(self.gamma, self.lengths[row] - t) for row, t in windows.tolist()])
-        draw = torch.Generator().manual_seed(zlib.crc32(f"given/{self.recipe.run.seed}/{step}".encode()))
+        valid = torch.tensor([min(self.gamma, self.lengths[row] - t) for row, t in windows.tolist()], device="cpu")
+        draw = torch.Generator(device="cpu").manual_seed(zlib.crc32(f"given/{self.recipe.run.seed}/{step}".encode()))
         return windows, training_given(valid, self.gamma, steps, draw)
 
     def train_logits(self, batch, step, micro, next_token):
@@ -348,7 +352,7 @@ class FeatureStrategy(Strategy):
 
 def draft_vocabulary(rows: list[dict], size: int) -> list[int]:
     """The ``size`` token ids the rollouts' responses use most (ties: the lower id first), sorted."""
-    counts = torch.bincount(torch.tensor([t for r in rows for t in r["response_ids"]], dtype=torch.long))
+    counts = torch.bincount(torch.tensor([t for r in rows for t in r["response_ids"]], dtype=torch.long, device="cpu"))
     order = sorted(range(len(counts)), key=lambda t: (-int(counts[t]), t))
     return sorted(order[:size])
 
@@ -371,11 +375,11 @@ def train_step(strategy: Strategy, engine: Any, windows: torch.Tensor, step: int
     batch's loss (summed over processes); raises :class:`NonFiniteLoss`, on every process together, before a
     non-finite loss updates anything."""
     windows, given = strategy.arrange(windows, step)
-    dens = strategy.denominators(windows, given)  # known from the labels alone, for the whole batch
+    dens = strategy.denominators(windows, given).to(strategy.device)  # from the labels alone, for the whole batch
     next_den = strategy.next_token_denominator(windows, micro_batch_size) if \
         strategy.recipe.distill.next_token_weight else 1.0
     accumulation = engine.accumulation
-    total = torch.zeros(1, dtype=torch.float64)
+    total = torch.zeros(1, dtype=torch.float64, device="cpu")
     for micro in range(accumulation):
         lo = (micro * world + rank) * micro_batch_size
         part = slice(lo, lo + micro_batch_size)
@@ -398,8 +402,8 @@ def heldout_metrics(strategy: Strategy, pairs: torch.Tensor, micro_batch_size: i
     walked as greedy decoding walks them."""
     recipe, gamma, vocab = strategy.recipe, strategy.gamma, strategy.vocab
     mine = pairs[rank::world]
-    sums = torch.zeros(3 + gamma, dtype=torch.float64)
-    streaks = torch.zeros(len(pairs), dtype=torch.float64)  # each window's greedy streak, for walk_blocks
+    sums = torch.zeros(3 + gamma, dtype=torch.float64, device="cpu")
+    streaks = torch.zeros(len(pairs), dtype=torch.float64, device="cpu")  # each window's greedy streak, for walk_blocks
     for lo in range(0, len(mine), micro_batch_size):
         batch = strategy.batch(mine[lo:lo + micro_batch_size])
         logits = strategy.drafted(batch)[..., :vocab].float()

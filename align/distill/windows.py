@@ -39,14 +39,15 @@ class WindowBatch:
 def window_index(lengths: list[int], rows: list[int], stride: int = 1) -> torch.Tensor:
     """(N, 2) tensor of (rollout row, offset) for the given rollout rows; offsets 0, stride, ... < length."""
     pairs = [(row, t) for row in rows for t in range(0, lengths[row], stride)]
-    return torch.tensor(pairs, dtype=torch.long).view(-1, 2)
+    return torch.tensor(pairs, dtype=torch.long, device="cpu").view(-1, 2)
 
 
 def by_prefix_length(rollouts, pairs: torch.Tensor, max_prefix_len: int) -> torch.Tensor:
     """The windows ``pairs`` reordered by prefix length (stable), so that micro-batches cut from them in order each
     pad to a near length rather than to the longest of a random draw. A global batch's loss and gradient are sums
     over its windows, and left padding changes no window's logits (``tests/test_train.py``), so neither changes."""
-    length = torch.tensor([min(len(rollouts[row]["prompt_ids"]) + t, max_prefix_len) for row, t in pairs.tolist()])
+    length = torch.tensor([min(len(rollouts[row]["prompt_ids"]) + t, max_prefix_len) for row, t in pairs.tolist()],
+                          device="cpu")
     return pairs[torch.sort(length, stable=True).indices]
 
 
@@ -55,18 +56,18 @@ def make_windows(rollouts, pairs: torch.Tensor, gamma: int, max_prefix_len: int,
                  canvas_seed: int | None = None) -> WindowBatch:
     """Collate windows ``pairs`` (rows of (rollout row, offset)) of ``rollouts`` (rows with prompt_ids and
     response_ids) into a left-padded batch; ``canvas_seed``: every window's canvas is that fixed one."""
-    prefixes, labels = [], torch.full((len(pairs), gamma), -100, dtype=torch.long)
+    prefixes, labels = [], torch.full((len(pairs), gamma), -100, dtype=torch.long, device="cpu")
     for i, (row, t) in enumerate(pairs.tolist()):
         item = rollouts[row]
         response = item["response_ids"]
         prefixes.append((item["prompt_ids"] + response[:t])[-max_prefix_len:])
         target = response[t:t + gamma]
-        labels[i, :len(target)] = torch.tensor(target, dtype=torch.long)
+        labels[i, :len(target)] = torch.tensor(target, dtype=torch.long, device="cpu")
     width = max(map(len, prefixes))
-    prefix = torch.full((len(pairs), width), pad_token_id, dtype=torch.long)
+    prefix = torch.full((len(pairs), width), pad_token_id, dtype=torch.long, device="cpu")
     prefix_mask = torch.zeros_like(prefix)
     for i, p in enumerate(prefixes):
-        prefix[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        prefix[i, width - len(p):] = torch.tensor(p, dtype=torch.long, device="cpu")
         prefix_mask[i, width - len(p):] = 1
     canvases = [window_canvas(family, row, t, gamma, mask_token_id, vocab_size, seed, canvas_seed)
                 for row, t in pairs.tolist()]

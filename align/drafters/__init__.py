@@ -23,6 +23,7 @@ from align.drafters import ar, dflash, diffusion, ngram
 from align.drafters.base import DrafterKind
 from align.families import traits
 from align.loading import export_meta, infer_family, load_drafter_model, load_tokenizer, shared_vocab_size
+from align.paths import model_path
 
 #: family -> the function that builds its drafter from the loaded model and a :class:`Source`
 BUILDERS: dict[str, Callable[[Any, "Source"], DrafterKind]] = {
@@ -48,33 +49,37 @@ class Source:
 
 def load_drafter(path: str, verifier: str, verifier_model: Any = None, *, family: str | None = None,
                  dtype: str = "float32", device: Any = None, trust_remote_code: bool = False,
-                 mask_token_id: int | None = None, verifier_tokenizer: Any = None) -> DrafterKind:
-    """The drafter at ``path`` (a folder, a hub name or ``zoo:NAME``) for the verifier ``verifier``, on ``device``.
+                 mask_token_id: int | None = None, verifier_tokenizer: Any = None,
+                 hub_kernels: bool = False) -> DrafterKind:
+    """The drafter at ``path`` (a folder, a hub name or ``zoo:NAME`` of a built zoo model) for the verifier
+    ``verifier``, on ``device`` (default: the verifier model's, else the CPU); ``hub_kernels``:
+    :func:`align.loading.pretrained`.
 
     ``family`` defaults to what the folder says (an export's meta.json, else its config); the drafter's tokenizer
     must agree with the verifier's (``verifier_tokenizer``, loaded from ``verifier`` when not given) on every
     verifier token. ``verifier_model`` is the loaded verifier, which a dflash drafter reads. ``ngram`` (or
     ``ngram:MAX``) is prompt lookup, no model; ``ngram[:MAX]+PATH`` looks up first and falls back to PATH's drafter.
     """
-    from align.zoo import resolve
-
+    if device is None:
+        device = next(verifier_model.parameters()).device if verifier_model is not None else "cpu"
     if ngram.is_spec(path):
         max_ngram, rest = ngram.parse(path)
         if verifier_tokenizer is None:
-            verifier_tokenizer = load_tokenizer(resolve(verifier), "verifier")
+            verifier_tokenizer = load_tokenizer(model_path(verifier), "verifier")
         vocab = shared_vocab_size(verifier_tokenizer, verifier_tokenizer, verifier, verifier)
-        lookup = ngram.NGramDrafter(vocab, max_ngram, device=device or "cpu")
+        lookup = ngram.NGramDrafter(vocab, max_ngram, device=device)
         if rest is None:
             return lookup
         return ngram.FallbackDrafter(lookup, load_drafter(
             rest, verifier, verifier_model, family=family, dtype=dtype, device=device,
-            trust_remote_code=trust_remote_code, mask_token_id=mask_token_id, verifier_tokenizer=verifier_tokenizer))
-    folder = resolve(path)
+            trust_remote_code=trust_remote_code, mask_token_id=mask_token_id, verifier_tokenizer=verifier_tokenizer,
+            hub_kernels=hub_kernels))
+    folder = model_path(path)
     family = family or infer_family(folder, trust_remote_code)
     traits(family)  # an unknown family is refused by name
     if verifier_tokenizer is None:
-        verifier_tokenizer = load_tokenizer(resolve(verifier), "verifier")
-    model, tokenizer = load_drafter_model(folder, family, dtype, trust_remote_code, device)
+        verifier_tokenizer = load_tokenizer(model_path(verifier), "verifier")
+    model, tokenizer = load_drafter_model(folder, family, dtype, trust_remote_code, device, hub_kernels)
     vocab = shared_vocab_size(tokenizer, verifier_tokenizer, path, verifier)
     source = Source(folder, path, family, export_meta(folder), tokenizer, vocab, verifier, verifier_model,
                     mask_token_id)
@@ -83,7 +88,8 @@ def load_drafter(path: str, verifier: str, verifier_model: Any = None, *, family
 
 def load_pair(drafter_path: str, verifier_path: str, family: str | None = None, dtype: str = "float32",
               trust_remote_code: bool = False, mask_token_id: int | None = None,
-              drafter_dtype: str | None = None, device: str | None = None) -> tuple[DrafterKind, Any, Any]:
+              drafter_dtype: str | None = None, device: str | None = None,
+              hub_kernels: bool = False) -> tuple[DrafterKind, Any, Any]:
     """(drafter, :class:`~align.verifier.Verifier`, tokenizer) on ``device`` (default: the accelerator when
     present), the vocabulary checked."""
     from align.loading import load_verifier_model
@@ -91,11 +97,17 @@ def load_pair(drafter_path: str, verifier_path: str, family: str | None = None, 
     from align.verifier import Verifier
 
     device = device or default_device()
-    verifier_model, tokenizer = load_verifier_model(verifier_path, dtype, device)
+    verifier_model, tokenizer = load_verifier_model(verifier_path, dtype, device, hub_kernels=hub_kernels)
     drafter = load_drafter(drafter_path, verifier_path, verifier_model, family=family, dtype=drafter_dtype or dtype,
                            device=device, trust_remote_code=trust_remote_code, mask_token_id=mask_token_id,
-                           verifier_tokenizer=tokenizer)
+                           verifier_tokenizer=tokenizer, hub_kernels=hub_kernels)
     return drafter, Verifier(verifier_model), tokenizer
 
 
-__all__ = ["BUILDERS", "DrafterKind", "Source", "load_drafter", "load_pair"]
+def drafting_of(path: str) -> dict[str, Any]:
+    """How an exported drafter drafts, as its training set it (:func:`align.drafters.diffusion.drafting` of its
+    meta.json): keyword arguments of :class:`align.drafters.diffusion.Drafter`."""
+    return diffusion.drafting(export_meta(path))
+
+
+__all__ = ["BUILDERS", "DrafterKind", "Source", "drafting_of", "load_drafter", "load_pair"]

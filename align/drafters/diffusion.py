@@ -243,9 +243,10 @@ def fixed_canvas(family: Family, gamma: int, mask_token_id: int | None, vocab_si
     canvas of every window and block: drafting in one step reads nothing from a fully noised canvas but its
     positions, so a fixed one turns them into markers the drafter can learn, where a fresh draw per block is noise
     it must ignore."""
-    generator = torch.Generator().manual_seed(canvas_seed)
-    empty = torch.full((1, gamma), -100, dtype=torch.long)
-    return canvas_for(family, empty, torch.zeros(1, gamma), 1.0, mask_token_id, vocab_size, generator)[0].to(device)
+    generator = torch.Generator(device="cpu").manual_seed(canvas_seed)
+    empty = torch.full((1, gamma), -100, dtype=torch.long, device="cpu")
+    noise = torch.zeros(1, gamma, device="cpu")
+    return canvas_for(family, empty, noise, 1.0, mask_token_id, vocab_size, generator)[0].to(device)
 
 
 def commit_step(logq: torch.Tensor, canvas: torch.Tensor, committed: torch.Tensor, step: int, steps: int,

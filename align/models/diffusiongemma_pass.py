@@ -10,6 +10,7 @@ models' own forwards everywhere (``bench/throughput.py --decode`` measures both)
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import torch
@@ -281,12 +282,12 @@ class DiffusionGemmaPass:
             kept: slice | torch.Tensor = slice(firsts[0], None)
         else:  # one table slice covering every segment, rows picked by position
             lo, hi = min(s for _, s, _ in segments), max(s + n + c for _, s, n in segments)
-            index = torch.cat([torch.arange(s - lo, s - lo + n + c) for _, s, n in segments]).to(h.device)
+            index = torch.cat([torch.arange(s - lo, s - lo + n + c, device=h.device) for _, s, n in segments])
             rope = {kind: tuple(t[:, index] for t in self._rope(stack.rotary_emb, kind, lo, hi - lo, h))
                     for kind in set(self.types)}
-            ends = torch.tensor([n + c for *_, n in segments]).cumsum(0).tolist()
-            kept = torch.cat([torch.arange(end - n - c + first, end)
-                              for end, (*_, n), first in zip(ends, segments, firsts)]).to(h.device)
+            ends = list(itertools.accumulate(n + c for *_, n in segments))
+            kept = torch.cat([torch.arange(end - n - c + first, end, device=h.device)
+                              for end, (*_, n), first in zip(ends, segments, firsts)])
         masks: dict[tuple[str, int], torch.Tensor | None] = {}
         last = len(self.types) - 1
         for i, layer in enumerate(stack.layers[:len(self.types)]):

@@ -27,7 +27,7 @@ def drafter_score(drafts: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
 
     Cost: K·γ lookups, no model call; only the chosen draft goes to the verifier (a γ-token pass).
     """
-    q = logq.exp()[torch.arange(drafts.shape[1]), drafts]  # (K, γ)
+    q = logq.exp()[torch.arange(drafts.shape[1], device=drafts.device), drafts]  # (K, γ)
     return expected_streak(q)
 
 

@@ -58,6 +58,27 @@ def check_name(path: str) -> str | None:
     return name
 
 
+def check_model(path: str, role: str, family: str | None = None) -> str | None:
+    """The one check of a model path a command makes before anything is built or loaded: a zoo name is in the zoo
+    (:func:`check_name`; one not built yet is built after every other check), any other path is checked by
+    :func:`align.loading.check_model_folder`. Returns the local folder, or None (a zoo model still to build, a hub
+    name)."""
+    from align.loading import check_model_folder
+
+    check_name(path)
+    return check_model_folder(path, role, family)
+
+
+def check_drafter(path: str, family: str | None = None, trust_remote_code: bool = False,
+                  role: str = "drafter") -> str | None:
+    """:func:`check_model` for a drafter whose family may not be given (read from a local folder:
+    :func:`align.loading.check_drafter_folder`). Returns the family (None: read when it loads)."""
+    from align.loading import check_drafter_folder
+
+    check_name(path)
+    return check_drafter_folder(path, family, trust_remote_code, role)
+
+
 def _launched_rank() -> int:
     """This process's rank in a multi-process launch (deepspeed, torchrun), else 0."""
     try:

@@ -81,7 +81,7 @@ def adapt(model: Any, family: str, docs: list[Doc], steps: int, batch_size: int,
 
     def batch_loss(step: int) -> torch.Tensor:
         rng = random.Random(seed * 1_000_003 + step)  # the batch of this step, however the run was interrupted
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        generator = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + step)
         batch = [docs[i] for i in rng.sample(range(len(docs)), min(batch_size, len(docs)))]
         if packed:
             from align.distill.packing import next_token_labels, packed_logits

@@ -22,6 +22,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from align.errors import AlignError
 from align.files import atomic_folder, discard_partial
+from align.loading import pretrained
 from align.locks import exclusive
 from align.machine import usable_cores
 from align.prompts import encode_prompt
@@ -203,10 +204,10 @@ def _build_real(name: str, spec: ZooSpec, force: bool) -> bool:
         _build_real(r["verifier"], spec, False)
     if "derive" not in r:  # random layers over the verifier's features: nothing to derive or adapt
         return _build_real_dflash(name, r, source, spec, start)
-    from align.zoo import derive
+    import align.zoo.derive as derive
     from align.zoo.adapt import adapt, text_docs
 
-    verifier = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    verifier = pretrained(AutoModelForCausalLM, str(source), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     model, tokenizer = getattr(derive, r["derive"])(verifier, tokenizer, r["layers"])
     if not r.get("steps"):  # nothing to adapt: the verifier's own layers as they are (an early exit)
@@ -261,7 +262,7 @@ def _build_real_prompts(name: str, r: dict, start: float, spec: ZooSpec) -> bool
 
     if not is_built(r["model"]):
         _build_real(r["model"], spec, False)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir(r["model"])), dtype=torch.float32).eval()
+    model = pretrained(AutoModelForCausalLM, str(model_dir(r["model"])), dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir(r["model"])))
     rows, dropped = magpie_prompts(model, tokenizer, r["count"], r["seed"])
     if r.get("tasks"):
@@ -300,8 +301,7 @@ def _build_real_dflash(name: str, r: dict, source: Path, spec: ZooSpec, start: f
 
         from align.zoo.derive import dflash_layers_from
 
-        dflash_layers_from(model, AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32),
-                           r["init_layers"])
+        dflash_layers_from(model, pretrained(AutoModelForCausalLM, str(source), dtype=torch.float32), r["init_layers"])
     _save(name, model, tokenizer, {
         "name": name, "description": MODELS[name], "spec": {"real": {name: r}, "seed": spec.seed},
         "verifier": f"zoo:{r['verifier']}", "parameters": sum(p.numel() for p in model.parameters()),

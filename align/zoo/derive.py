@@ -71,7 +71,7 @@ def dream_from_llama(verifier: Any, tokenizer: Any, layers: int | None = None) -
     rows = torch.cat([embed, embed.mean(0, keepdim=True).expand(vocab - embed.shape[0], -1)])
     weights["model.embed_tokens.weight"] = rows
     weights["lm_head.weight"] = rows if config.tie_word_embeddings else torch.cat(
-        [weights["lm_head.weight"], torch.zeros(vocab - embed.shape[0], embed.shape[1])])
+        [weights["lm_head.weight"], torch.zeros(vocab - embed.shape[0], embed.shape[1], device="cpu")])
     _load(drafter, weights, "Dream")
     return drafter.eval(), tokenizer
 
@@ -179,7 +179,7 @@ def diffusiongemma_from_gemma3(verifier: Any, tokenizer: Any = None, layers: int
         prefix = f"model.decoder.layers.{i}."
         width = layer.post_feedforward_layernorm_2.weight.shape[0]
         for norm in ("post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"):
-            weights[prefix + norm + ".weight"] = torch.ones(width)
+            weights[prefix + norm + ".weight"] = torch.ones(width, device="cpu")
         weights[prefix + "experts.down_proj"] = torch.zeros_like(layer.experts.down_proj)
         weights[prefix + "layer_scalar"] = torch.ones_like(layer.layer_scalar)
     _load(drafter, weights, "DiffusionGemma", shared=("model.encoder.", "lm_head.", "model.decoder.self_conditioning",

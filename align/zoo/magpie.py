@@ -56,7 +56,7 @@ def magpie_prompts(model: Any, tokenizer: Any, count: int, seed: int = 0, batch_
     """``count`` prompts ``model`` writes as a user would, and the counts of what was dropped."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("Magpie prompts need a chat template")
-    prefix = torch.tensor([user_turn_prefix(tokenizer)])
+    prefix = torch.tensor([user_turn_prefix(tokenizer)], device=model.device)
     end = tokenizer.eos_token_id
     held = set().union(*(ngrams(p) for p in evaluation_prompts()))
     exact = {" ".join(words(p)) for p in evaluation_prompts()}
@@ -71,7 +71,8 @@ def magpie_prompts(model: Any, tokenizer: Any, count: int, seed: int = 0, batch_
         if rounds > 4 * count // batch_size + 20:
             raise RuntimeError(f"the model wrote only {len(rows)} usable prompts in {rounds} rounds: {dropped}")
         out = model.generate(prefix.expand(batch_size, -1), attention_mask=torch.ones(batch_size, prefix.shape[1],
-                                                                                      dtype=torch.long),
+                                                                                      dtype=torch.long,
+                                                                                      device=model.device),
                              do_sample=True, temperature=1.0, top_p=0.95, max_new_tokens=max_new_tokens,
                              eos_token_id=end, pad_token_id=end)
         for row in out[:, prefix.shape[1]:].tolist():

@@ -81,10 +81,10 @@ def pretrain_verifier(model: Any, docs: list[Doc], steps: int, batch_size: int =
     def batch_loss() -> torch.Tensor:
         batch = next(batches)
         width = max(len(ids) for ids, _ in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        ids = torch.zeros((len(batch), width), dtype=torch.long, device="cpu")
         mask = torch.zeros_like(ids)
         for row, (tokens, _) in enumerate(batch):
-            ids[row, :len(tokens)] = torch.tensor(tokens)
+            ids[row, :len(tokens)] = torch.tensor(tokens, device="cpu")
             mask[row, :len(tokens)] = 1
         return model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
 
@@ -98,14 +98,14 @@ def drafter_batch(batch: list[Doc], family: str, rng: random.Random, mask_token_
     gamma = 32 if denoising else rng.randint(4, 32)
     starts = [rng.randint(prompt_len, len(ids) - 1) for ids, prompt_len in batch]
     width = max(starts)
-    prefix = torch.zeros((len(batch), width), dtype=torch.long)
+    prefix = torch.zeros((len(batch), width), dtype=torch.long, device="cpu")
     prefix_mask = torch.zeros_like(prefix)
-    labels = torch.full((len(batch), gamma), -100, dtype=torch.long)
+    labels = torch.full((len(batch), gamma), -100, dtype=torch.long, device="cpu")
     for row, ((ids, _), t) in enumerate(zip(batch, starts)):
-        prefix[row, width - t:] = torch.tensor(ids[:t])
+        prefix[row, width - t:] = torch.tensor(ids[:t], device="cpu")
         prefix_mask[row, width - t:] = 1
         target = ids[t:t + gamma]
-        labels[row, :len(target)] = torch.tensor(target)
+        labels[row, :len(target)] = torch.tensor(target, device="cpu")
     rate = torch.rand((len(batch), 1), generator=generator, device=generator.device) if denoising else 1.0
     noise = torch.rand(labels.shape, generator=generator, device=generator.device)
     canvas = canvas_for(FAMILIES[family], labels, noise, rate, mask_token_id, vocab_size, generator)
@@ -122,7 +122,7 @@ def packed_drafter_batch(batch: list[Doc], offsets: int, rng: random.Random, voc
     rows = [{"prompt_ids": ids[:prompt_len], "response_ids": ids[prompt_len:]} for ids, prompt_len in batch]
     pairs = [(i, t) for i, row in enumerate(rows)
              for t in sorted(rng.sample(range(len(row["response_ids"])), min(offsets, len(row["response_ids"]))))]
-    packed = make_packed(rows, torch.tensor(pairs), gamma, 1 << 30, "diffusiongemma", None, vocab_size,
+    packed = make_packed(rows, torch.tensor(pairs, device="cpu"), gamma, 1 << 30, "diffusiongemma", None, vocab_size,
                          rng.randrange(1 << 30))
     if denoising:  # partly noised canvases: a rate per window
         rate = torch.rand((len(pairs), 1), generator=generator, device=generator.device)
@@ -139,7 +139,7 @@ def pretrain_drafter(model: Any, family: str, docs: list[Doc], steps: int, mask_
     ``offsets`` > 1: windows per document (DiffusionGemma, packed); ``next_token``: weight of a next-token
     cross-entropy on the packed encoder pass over each whole document."""
     rng = random.Random(seed)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
     fam = FAMILIES[family]
     batches = _batches(docs, batch_size, rng)
 

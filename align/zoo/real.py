@@ -90,12 +90,14 @@ def convert(name: str, out: Path) -> dict[str, Any]:
     """Write real verifier ``name`` as an HF folder into ``out`` (an empty folder); returns what zoo.json records."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from align.loading import pretrained
+
     spec = REAL_VERIFIERS[name]
     dist = check_installed(name)
     with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
         path = gguf_file(name, Path(scratch))
         print(f"converting {path.name} ({path.stat().st_size / 1e6:.0f} MB, SHA-256 checked) into {out}", flush=True)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = pretrained(AutoModelForCausalLM, str(path.parent), gguf_file=path.name)
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model.hf_quantizer = None  # the tensors are dense float32 now: an ordinary model to save
     if hasattr(model.config, "quantization_config"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from align.paths import cache_dir, packages_dir  # noqa: F401 (the zoo's callers find them here)
+from align.paths import zoo_built as is_built, zoo_folder as model_dir  # noqa: F401 (where a built model lives)
 from align.zoo.pairs import REAL_MODELS
 
 #: zoo name -> what it is (the build order follows this order)
@@ -31,10 +32,3 @@ REAL = tuple(REAL_MODELS)
 def world_dir() -> Path:
     return cache_dir() / "tinyworld"
 
-
-def model_dir(name: str) -> Path:
-    return cache_dir() / "zoo" / name
-
-
-def is_built(name: str) -> bool:
-    return (model_dir(name) / "zoo.json").is_file()

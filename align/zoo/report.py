@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from align.drafters import load_pair
-from align.loading import load_verifier_model
+from align.loading import default_device, load_verifier_model
 from align.prompts import encode_prompt
 from align.tinyworld.corpus import entropy_table, read_jsonl
 from align.zoo.registry import is_built, model_dir, world_dir
@@ -29,8 +29,8 @@ def greedy_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, eos:
     for i in tqdm(range(0, len(prompts), batch), desc="verifier greedy", leave=False):
         chunk = prompts[i:i + batch]
         width = max(map(len, chunk))
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=model.device)
         gen = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=eos, pad_token_id=0)
         for row in gen[:, width:].tolist():
@@ -41,15 +41,17 @@ def greedy_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, eos:
 @torch.no_grad()
 def verifier_entropy(model: Any, prompt: list[int], response: list[int]) -> float:
     """Mean next-token entropy (nats) of the verifier over a teacher-forced response."""
-    ids = torch.tensor([prompt + response])
+    ids = torch.tensor([prompt + response], device=model.device)
     logp = model(input_ids=ids).logits[0, len(prompt) - 1:-1].log_softmax(-1)
     return float(-(logp.exp() * logp).sum(-1).mean())
 
 
 def zoo_report(gamma: int = 16, max_new_tokens: int = 160) -> dict[str, Any]:
-    """Measure the zoo on the held-out prompts; write and return ``<cache>/zoo/report.json``."""
+    """Measure the zoo on the held-out prompts (on the accelerator when present); write and return
+    ``<cache>/zoo/report.json``."""
     tests = read_jsonl(world_dir() / "test_prompts.jsonl")
-    model, tokenizer = load_verifier_model("zoo:tiny-verifier")
+    device = default_device()
+    model, tokenizer = load_verifier_model("zoo:tiny-verifier", device=device)
     eos = tokenizer.eos_token_id
     prompts = [encode_prompt(tokenizer, t["prompt"]) for t in tests]
     greedy = greedy_batch(model, prompts, max_new_tokens, eos)
@@ -74,14 +76,14 @@ def zoo_report(gamma: int = 16, max_new_tokens: int = 160) -> dict[str, Any]:
     for name, family in (("tiny-diffusiongemma", "diffusiongemma"), ("tiny-mdlm", "mdlm")):
         if not is_built(name):
             continue
-        drafter, _, _ = load_pair(f"zoo:{name}", "zoo:tiny-verifier", family)
+        drafter, _, _ = load_pair(f"zoo:{name}", "zoo:tiny-verifier", family, device=device)
         hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for test, prompt, out in tqdm(list(zip(tests, prompts, greedy)), desc=f"{name} one-step", leave=False):
             target = out + [eos]
             for t in range(0, len(target), gamma):
                 drafter.reset()
-                logq = drafter.marginals(torch.tensor([prompt + target[:t]]), gamma)[0]
-                truth = torch.tensor(target[t:t + gamma])
+                logq = drafter.marginals(torch.tensor([prompt + target[:t]], device=device), gamma)[0]
+                truth = torch.tensor(target[t:t + gamma], device=device)
                 hits[test["category"]][0] += int((logq.argmax(-1)[:len(truth)] == truth).sum())
                 hits[test["category"]][1] += len(truth)
         report["drafters"][name] = {cat: h[0] / h[1] for cat, h in hits.items()}
