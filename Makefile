@@ -13,7 +13,7 @@ ifeq ($(HAS_GPU),)
 export DS_ACCELERATOR := cpu
 endif
 
-.PHONY: install demo test test-all test-faults vllm-env zoo rehearse gpu-check real real-install clean
+.PHONY: install demo test test-all test-faults vllm-env zoo rehearse gpu-check gpu-wheels real real-install clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -76,6 +76,28 @@ demo: install
 # the GPU recipes end to end on random-weight replicas of their models, shrunk to run here (bench/rehearse.py)
 rehearse: install vllm-env
 	$(PY) bench/rehearse.py --vllm
+
+# one command checks a GPU machine, offline (bench/gpu_check.py; at most 10 minutes on one H200): the suite with CUDA,
+# make demo's pipeline on the GPU, both replica pairs (training MFU and memory, a profile, pass latency, decoding);
+# runs/gpu-check/report.md. It runs in the machine's own Python: the packages it lacks come from .cache/gpu-wheels
+# (make gpu-wheels, on a machine with the registries, then copied beside the tree), installed into .cache/gpu-site
+GPU_PYTHON ?= python3
+gpu-check:
+	@if ls .cache/gpu-wheels/*.whl >/dev/null 2>&1; then \
+		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target .cache/gpu-site \
+			.cache/gpu-wheels/*.whl; fi
+	PYTHONPATH=$(CURDIR)/.cache/gpu-site:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) bench/gpu_check.py $(GPU_CHECK_ARGS)
+
+# the wheels a GPU machine without network lacks (measured 2026-12-04: ../shared/gpu/README.md), for CPython 3.12 on
+# x86_64, about 28 MB; deepspeed has no wheel on PyPI: built here, pure Python (its ops compile on first use there)
+GPU_WHEELS := transformers==5.25.0 huggingface_hub==2.4.0 datasets==5.2.0 gguf hjson hf_xet httpx2 httpcore2 anyio \
+	idna click dill multiprocess pydantic pydantic_core typing_inspection annotated_types regex tomlkit truststore
+gpu-wheels: install
+	mkdir -p .cache/gpu-wheels
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 312 --platform manylinux2014_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any -d .cache/gpu-wheels \
+		$(GPU_WHEELS)
+	DS_BUILD_OPS=0 $(PY) -m pip wheel -q --no-deps --no-build-isolation "deepspeed==0.19.8" -w .cache/gpu-wheels
 
 # the two environments install side by side (their downloads overlap); the suite leaves out the tests marked slow
 # (two-process faults: make test-faults) to stay within 15 minutes on 2 cores; worksteal keeps both workers busy

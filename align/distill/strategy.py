@@ -20,6 +20,7 @@ import zlib
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from align.config import Recipe, packing_on
 from align.distill.denoise import advance, denoise_step
@@ -383,12 +384,16 @@ def train_step(strategy: Strategy, engine: Any, windows: torch.Tensor, step: int
     for micro in range(accumulation):
         lo = (micro * world + rank) * micro_batch_size
         part = slice(lo, lo + micro_batch_size)
-        batch = strategy.batch(windows[part], None if given is None else given[part], train=True)
-        loss = strategy.micro_loss(batch, step, micro, dens, next_den)
+        with record_function("align.batch"):  # the phases a profile shows (bench/gpu_check.py)
+            batch = strategy.batch(windows[part], None if given is None else given[part], train=True)
+        with record_function("align.forward"):
+            loss = strategy.micro_loss(batch, step, micro, dens, next_den)
         if not all_finite(loss):
             raise NonFiniteLoss(step)
-        engine.backward(loss * accumulation * world)  # DeepSpeed averages over micro-batches and processes
-        engine.step()
+        with record_function("align.backward"):
+            engine.backward(loss * accumulation * world)  # DeepSpeed averages over micro-batches and processes
+        with record_function("align.step"):
+            engine.step()
         total += float(loss.detach())
     all_reduce(total)
     return float(total[0])
