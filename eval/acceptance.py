@@ -201,6 +201,8 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]
     Every model path is checked (``align.zoo.check_model``) before any is built or loaded; then the zoo models they
     name are built, if they have to be."""
     check_args(args)
+    if ngram.is_spec(args.ckpt):  # prompt lookup, or lookup with a drafter to fall back on: as --drafter takes it
+        return resolve_lookup(args)
     found = check_model(args.ckpt, "drafter", args.family)
     meta_file = Path(found) / "meta.json" if found else None
     try:
@@ -242,6 +244,51 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]
     return ckpt, baseline, verifier, family
 
 
+def resolve_lookup(args: argparse.Namespace) -> tuple[str, None, str, str]:
+    """:func:`resolve_models` for ``--ckpt ngram[:MAX][+PATH]``: the verifier is ``--verifier`` (or PATH's export
+    names it), the drafter PATH (when given) is checked as any drafter is, and there is no baseline."""
+    if args.engine == "vllm":
+        raise AlignError(f"--engine vllm serves align's diffusion drafters; --ckpt {args.ckpt} is prompt lookup (vLLM "
+                         "has its own: speculative_config method ngram)")
+    model = model_path(args.ckpt)
+    meta = {}
+    if model is not None:
+        found = check_model(model, "drafter", args.family)
+        meta_file = Path(found) / "meta.json" if found else None
+        if meta_file is not None and meta_file.is_file():
+            try:
+                meta = json.loads(meta_file.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                meta = {}
+    verifier = args.verifier or meta.get("verifier")
+    if verifier is None:
+        raise AlignError(f"--ckpt {args.ckpt} drafts by prompt lookup, which names no verifier: pass --verifier PATH")
+    if args.baseline not in (None, "none"):
+        raise AlignError(f"--baseline compares a drafter with its base drafter; --ckpt {args.ckpt} has none: leave "
+                         "--baseline out")
+    check_model(verifier, "verifier")
+    for path, role, kind in ((args.assistant, "assistant", "ar"),
+                             *((model_path(path), f"drafter '{label}'", None) for label, path in args.drafter)):
+        if path is not None:
+            check_model(path, role, kind)
+    for path in (model, verifier, args.assistant, *(model_path(path) for _, path in args.drafter)):
+        if path is not None:
+            resolve(path)  # zoo models are built now, if they have to be
+    args.dtype = args.dtype or "float32"
+    args.k = args.k or [1]
+    args.drafter_temperature = args.drafter_temperature or [SelectionConfig().drafter_temperature]
+    args.scorer = args.scorer or [SelectionConfig().scorer]
+    args.candidates = args.candidates or [SelectionConfig().candidates]
+    return args.ckpt, None, verifier, None
+
+
+def default_out(ckpt: str) -> Path:
+    """``<ckpt>/eval`` for a drafter folder; ``runs/eval/<spec>`` for prompt lookup, which has no folder."""
+    if ngram.is_spec(ckpt):
+        return Path("runs") / "eval" / "".join(c if c.isalnum() or c in "-_." else "-" for c in ckpt)
+    return Path(ckpt) / "eval"
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -250,7 +297,7 @@ def main(argv: list[str]) -> int:
     suite = "prompts" if args.prompts else (args.suite or "tinyworld")
     prompts = read_prompt_file(args.prompts) if args.prompts else load_suite(suite)
     prompts = first_per_category(prompts, args.per_category, args.skip_per_category)[: args.limit]
-    out = Path(args.out or Path(ckpt) / "eval")
+    out = Path(args.out) if args.out else default_out(ckpt)
     if args.engine == "vllm":
         return through_vllm(args, ckpt, baseline, verifier_path, family, prompts, suite, out)
 

@@ -233,3 +233,24 @@ def test_alternatives_run_in_the_same_loop_with_their_calls_counted(exported, wo
 def test_alternatives_refuse_bad_flags_before_any_model_loads(exported, flags, message, capsys):
     with pytest.raises(AlignError, match=message):
         evaluate(["--ckpt", str(exported), "--suite", "tinyworld", *flags])
+
+
+def test_ckpt_takes_every_drafter_the_drafter_flag_takes(exported, world_prompts, model_dirs, tmp_path):
+    """``--ckpt ngram:3`` (prompt lookup) and ``--ckpt ngram:2+PATH`` are measured as ``--drafter`` measures them
+    (issue "The trained drafter pays", item 5: it was refused as "not a model folder or a hub name"); without a
+    verifier, or with a malformed spec, one line."""
+    verifier = str(model_dirs["verifier"])
+    out = tmp_path / "lookup"
+    assert evaluate(["--ckpt", "ngram:3", "--verifier", verifier, "--prompts", str(world_prompts), "--limit", "3",
+                     "--gamma", "4", "--max-new-tokens", "12", "--out", str(out)]) == 0
+    rows = json.loads((out / "acceptance.json").read_text())["results"]
+    assert [r["label"] for r in rows] == ["aligned"] and rows[0]["drafter"] == "ngram:3"
+    assert rows[0]["lossless"] is True and rows[0]["lossless_counts"]["mismatch"] == 0
+    out = tmp_path / "fallback"
+    assert evaluate(["--ckpt", f"ngram:2+{exported}", "--prompts", str(world_prompts), "--limit", "2", "--gamma",
+                     "4", "--max-new-tokens", "12", "--out", str(out)]) == 0  # the verifier: the export's meta.json
+    assert json.loads((out / "acceptance.json").read_text())["results"][0]["lossless"] is True
+    with pytest.raises(AlignError, match="pass --verifier PATH"):
+        evaluate(["--ckpt", "ngram:3", "--prompts", str(world_prompts)])
+    with pytest.raises(AlignError, match="whole number"):
+        evaluate(["--ckpt", "ngram:x", "--verifier", verifier, "--prompts", str(world_prompts)])
