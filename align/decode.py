@@ -21,6 +21,7 @@ from align.metrics import now
 from align.prompts import encode_prompt
 from align.selection import CANDIDATES, DEFAULTS, SCORERS, make_selection
 from align.speculative import SpeculativeDecoder
+from align.trees import TreeShape
 from align.verifier import ar_generate, eos_ids
 
 
@@ -43,6 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="temperature of the K drafts")
     p.add_argument("--scorer", default=DEFAULTS.scorer, choices=SCORERS)
     p.add_argument("--candidates", default=DEFAULTS.candidates, choices=CANDIDATES)
+    p.add_argument("--tree", default=None, metavar="NODESxBRANCHING",
+                   help="verify a token tree grown from the marginals (align/trees.py), e.g. 16x4")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: the accelerator when present)")
     p.add_argument("--hub-kernels", action="store_true", help="let transformers swap in kernels from the Hugging "
@@ -58,6 +61,7 @@ def main(argv: list[str]) -> int:
     from align.zoo import check_drafter, check_model, resolve
 
     args = parse_args(argv)
+    tree = None if args.tree is None else TreeShape.parse(args.tree)  # a bad shape: refused before any load
     model = ngram.parse(args.drafter)[1] if ngram.is_spec(args.drafter) else args.drafter  # None: lookup alone
     if model is not None:  # both before either is built or loaded: what each config says it is
         check_drafter(model, args.family, args.trust_remote_code)
@@ -77,7 +81,7 @@ def main(argv: list[str]) -> int:
     decoder.generate(prompt, args.max_new_tokens, args.gamma, args.steps)  # warm-up of both decoders, untimed
     ar_generate(verifier.model, prompt, args.max_new_tokens, 0.0, eos)
     out = decoder.generate(prompt, args.max_new_tokens, args.gamma, args.steps, args.temperature, args.seed,
-                           selection)
+                           selection, tree=tree)
     start = now(verifier.device)
     ar = ar_generate(verifier.model, prompt, args.max_new_tokens, args.temperature, eos, args.seed)
     ar_seconds = now(verifier.device) - start

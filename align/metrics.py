@@ -53,6 +53,7 @@ class Block:
     drafter_s: float = 0.0
     verifier_s: float = 0.0
     total_s: float = 0.0
+    nodes: int | None = None  # a token tree's candidates scored (None: one draft of ``gamma`` tokens, or K of them)
 
     def __post_init__(self):
         if self.produced is None:
@@ -68,6 +69,7 @@ class DecodeStats:
     drafter_s: float = 0.0
     verifier_s: float = 0.0
     total_s: float = 0.0
+    nodes: int | None = None  # a token tree's candidates scored (None: one draft of ``gamma`` tokens, or K of them)
 
     def __add__(self, other: "DecodeStats") -> "DecodeStats":
         return DecodeStats(self.blocks + other.blocks, self.new_tokens + other.new_tokens,

@@ -21,6 +21,7 @@ from align.drafters.base import DrafterKind
 from align.errors import AlignError
 from align.inference import grad_free
 from align.metrics import Block, DecodeStats, now
+from align.trees import accept_greedy, accept_sampling, tree_from_marginals
 from align.verifier import Verifier
 
 
@@ -88,7 +89,7 @@ class SpeculativeDecoder:
         self.eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids)
 
     def generate(self, prompt: list[int], max_new_tokens: int, gamma: int, steps: int = 1, temperature: float = 0.0,
-                 seed: int = 0, selection=None, stop_below: float = 0.0, relaxed=None) -> Generation:
+                 seed: int = 0, selection=None, stop_below: float = 0.0, relaxed=None, tree=None) -> Generation:
         """Decode up to ``max_new_tokens`` after ``prompt`` with γ-token blocks of ``steps`` denoising steps.
 
         ``temperature`` 0 is greedy (token for token the verifier's greedy output); above 0 the output is
@@ -97,7 +98,9 @@ class SpeculativeDecoder:
         likeliest token the drafter gives less than this probability (at least one position is drafted); a rule on
         the drafter's own rows alone, so the output stays the verifier's. ``relaxed`` (``align.relaxed.Relaxed``,
         evaluation only, never a default) accepts draft tokens the verifier finds plausible but would not have
-        chosen: the output is then *not* the verifier's (lossy), greedy only.
+        chosen: the output is then *not* the verifier's (lossy), greedy only. ``tree`` (an
+        ``align.trees.TreeShape``) verifies a token tree grown from the marginals instead of one draft: its nodes in
+        one pass, the longest path the verifier agrees with kept (greedy and sampling alike, exactly).
         """
         reads = self.drafter.verifier_layers  # a feature-conditioned drafter's (align.drafters.dflash)
         if reads:  # the verifier's passes hand over their hidden states; only while this generation runs
@@ -106,13 +109,13 @@ class SpeculativeDecoder:
         try:
             with grad_free(self.verifier.lean):
                 return self._generate(prompt, max_new_tokens, gamma, steps, temperature, seed, selection,
-                                      stop_below, relaxed)
+                                      stop_below, relaxed, tree)
         finally:
             if reads:
                 self.verifier.record(None)
 
     def _generate(self, prompt, max_new_tokens, gamma, steps, temperature, seed, selection, stop_below,
-                  relaxed) -> Generation:
+                  relaxed, tree) -> Generation:
         if gamma <= 0:
             raise AlignError(f"gamma must be a positive number of draft tokens, got {gamma}")
         if steps <= 0:
@@ -124,6 +127,9 @@ class SpeculativeDecoder:
         if relaxed is not None and (temperature > 0 or selection is not None):
             raise AlignError("a relaxed acceptance rule replaces greedy verification: use it at temperature 0 with "
                              "one draft per block (k 1)")
+        if tree is not None and (selection is not None or relaxed is not None):
+            raise AlignError("a token tree verifies its own candidates: use it with one draft per block (k 1) and "
+                             "exact acceptance (no relaxed rule)")
         generator = torch.Generator(device=self.verifier.device).manual_seed(seed)
         device = self.verifier.device
         self.verifier.start(prompt)
@@ -153,10 +159,23 @@ class SpeculativeDecoder:
                     logq = logq[:max(1, int(sure.sum()))]
                 g = logq.shape[0]  # a drafter may stop short of γ (prompt lookup, the stop rule)
                 own = self.drafter.draft  # a draft the drafter drew itself: its rows are conditioned on it
-                if own is not None and selection is None:
+                if tree is not None:
+                    drafts = None  # the tree's nodes are the candidates
+                elif own is not None and selection is None:
                     drafts = own[:1, :g]
                 else:
                     drafts = self._drafts(logq, temperature, generator, selection)  # (K, γ')
+            if drafts is None:  # a token tree: grown, scored in one pass, its longest agreed path kept
+                t2 = now(device)
+                out.tokens, block, next_token = self._tree_block(logq, tree.at_depth(g), temperature, generator,
+                                                                 out, t2 - t0, g)
+                mark = now(device)
+                block.total_s = mark - block_start
+                stats.drafter_s += block.drafter_s
+                stats.verifier_s += block.verifier_s
+                if next_token is None or next_token in self.eos:
+                    break
+                continue
             t2 = now(device)
             logits = self.verifier.score(drafts)  # (K, γ + 1, V)
             t3 = now(device)
@@ -187,6 +206,37 @@ class SpeculativeDecoder:
         stats.new_tokens = len(out.tokens)
         stats.total_s = now(device) - start
         return out
+
+    def _tree_block(self, logq, shape, temperature, generator, out: Generation, drafter_s: float,
+                    g: int) -> tuple[list[int], Block, int | None]:
+        """One block as a token tree: (the generation's tokens after it, the block's statistics, the verifier's
+        next token or None where an accepted EOS ended the text)."""
+        device = self.verifier.device
+        t2 = now(device)
+        tree = tree_from_marginals(logq, shape)
+        logits = self.verifier.score_tree(tree)  # (N + 1, V)
+        if temperature > 0:
+            path, next_token = accept_sampling(tree, (logits / temperature).softmax(-1), generator)
+        else:
+            path, next_token = accept_greedy(tree, logits)
+        self.verifier.commit_tree(path, next_token)
+        t4 = now(device)
+        kept = tree.tokens[path].tolist()
+        rows = logits[[0] + [i + 1 for i in path]]  # the verifier after each accepted prefix
+        children = tree.children()[path[-1] if path else -1]
+        best = int(tree.tokens[children[0]]) if children else None  # the likeliest candidate it did not take
+        rank = None if best is None else int((rows[-1] > rows[-1, best]).sum())
+        stop = next((i for i, t in enumerate(kept) if t in self.eos), None)
+        if stop is not None:  # an accepted EOS ends the generation right there
+            kept, next_token = kept[:stop + 1], None
+        produced = len(kept) + (next_token is not None)
+        logp = rows[:max(1, produced)].log_softmax(-1)
+        entropy = float(-(logp.exp() * logp).nan_to_num().sum(-1).mean())
+        block = Block(g, len(kept), rank, entropy, produced, nodes=len(tree))
+        block.drafter_s, block.verifier_s = drafter_s, t4 - t2
+        out.stats.blocks.append(block)
+        out.pieces.append((kept, next_token))
+        return out.tokens + kept + ([] if next_token is None else [next_token]), block, next_token
 
     @staticmethod
     def _drafts(logq, temperature, generator, selection) -> torch.Tensor:

@@ -116,6 +116,47 @@ class Verifier:
             self._rows = (self.cached, self.tap.take())
         return logits.float()
 
+    def score_tree(self, tree: Any) -> torch.Tensor:
+        """Logits (N + 1, V) of the pending tokens and a token tree (:class:`align.trees.Tree`) in one pass: row 0
+        after the last pending token (the root), row i + 1 after node i, each node seeing the cache, the pending
+        tokens and its own ancestors, at the position its depth gives it."""
+        if not self.tree_attention:
+            raise AlignError("token trees need a verifier whose attention takes a custom mask (eager or sdpa, no "
+                             "sliding-window layers); decode without --tree")
+        with grad_free(self.lean):
+            n, size = len(self.pending), len(tree)
+            pending = torch.tensor(self.pending, device=self.device)
+            ids = torch.cat([pending, tree.tokens])[None]
+            allowed = torch.zeros((n + size, self.cached + n + size), dtype=torch.bool, device=self.device)
+            allowed[:, :self.cached + n] = True
+            allowed[:n, self.cached:self.cached + n] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            allowed[n:, self.cached + n:] = tree.ancestors()
+            dtype = self.model.dtype
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed,
+                                                                                            torch.finfo(dtype).min)
+            positions = self.cached + torch.cat([torch.arange(n, device=self.device), n - 1 + tree.depth])
+            logits = self._forward(ids, size + 1, attention_mask=mask[None, None], position_ids=positions[None])[0]
+            self._last = (n, tree)
+            if self.tap is not None:
+                self._rows = (self.cached, self.tap.take())
+            return logits.float()
+
+    def commit_tree(self, path: list[int], next_token: int) -> None:
+        """Keep the pending tokens and the tree nodes of ``path`` (their keys and values stay in the cache, as a
+        sequential pass would have made them: each saw exactly its ancestors); ``next_token`` is pending."""
+        n, _ = self._last
+        keep = torch.cat([torch.arange(self.cached + n, device=self.device),
+                          self.cached + n + torch.tensor(path, dtype=torch.long, device=self.device)])
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(-2, keep)
+            layer.values = layer.values.index_select(-2, keep)
+        if self.tap is not None:
+            start, rows = self._rows
+            kept = torch.cat([rows[0, :n], rows[0, n + torch.tensor(path, dtype=torch.long, device=rows.device)]])
+            self.features = torch.cat([self.features[:start], kept])
+        self.cached += n + len(path)
+        self.pending = [next_token]
+
     def _forward(self, ids: torch.Tensor, keep: int, **kwargs) -> torch.Tensor:
         """The model over ``ids`` after the cache: logits (B, keep, V) of the last ``keep`` positions."""
         if self.lean:

@@ -44,6 +44,7 @@ from align.metrics import now
 from align.prompts import encode_prompt, read_prompt_file
 from align.selection import make_selection
 from align.speculative import SpeculativeDecoder
+from align.trees import TreeShape
 from align.verifier import Verifier, ar_generate, counted_generate, eos_ids, verifier_alone
 from align.zoo import check_drafter, check_model, resolve
 from eval.analysis import PromptRecord, combine_seeds, summarize
@@ -98,6 +99,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stop-below", type=comma_list(float), default=[0.0], metavar="P",
                    help="stop rule: a block ends before the first position whose likeliest token the drafter gives "
                         "less probability than P (comma list; 0: every block drafts γ)")
+    p.add_argument("--tree", type=comma_list(str), default=["none"], metavar="NODESxBRANCHING",
+                   help="verify a token tree grown from the drafter's marginals instead of one draft: at most NODES "
+                        "candidates, each position's BRANCHING likeliest tokens, depth γ (align/trees.py; comma list, "
+                        "none: one draft)")
     p.add_argument("--k", type=comma_list(int), default=None,
                    help="drafts per block, self-selection (comma list; default: the checkpoint recipe's selection.k, else 1)")
     p.add_argument("--drafter-temperature", type=comma_list(float), default=None,
@@ -176,6 +181,9 @@ def check_args(args: argparse.Namespace) -> None:
         bad = [v for v in getattr(args, name) or [] if v < 1]
         if bad:
             raise AlignError(f"--{name.replace('_', '-')} values must be at least 1, got {bad[0]}")
+    for spec in args.tree:
+        if spec != "none":
+            TreeShape.parse(spec)
     if any(not 0 <= p < 1 for p in args.stop_below):
         raise AlignError("--stop-below values must be probabilities from 0 (off) up to, not including, 1")
     if any(t < 0 for t in args.temperature):
@@ -464,7 +472,8 @@ def drafter_jobs(args, label: str, path: str, decoder: SpeculativeDecoder, swept
                 decoder.generate, max_new_tokens=args.max_new_tokens, gamma=setting["gamma"], steps=setting["steps"],
                 temperature=setting["temperature"], seed=seed, selection=selection,
                 stop_below=setting["stop_below"],
-                relaxed=None if setting["relaxed"] is None else relaxed_rule(setting["relaxed"])), index, path,
+                relaxed=None if setting["relaxed"] is None else relaxed_rule(setting["relaxed"]),
+                tree=None if setting["tree"] is None else TreeShape.parse(setting["tree"])), index, path,
                 decoder.drafter.family))
     return jobs
 
@@ -620,9 +629,12 @@ def first_per_category(prompts: list[dict], n: int | None, skip: int = 0) -> lis
 def settings(args: argparse.Namespace, steps: list[int]) -> list[dict[str, Any]]:
     """Every combination of the swept flags at these ``steps`` (T); selection flags only vary where K > 1."""
     out = []
-    for gamma, steps, temperature, k, stop, relaxed in itertools.product(
-            args.gamma, steps, args.temperature, args.k, args.stop_below, [None, *args.relaxed]):
+    for gamma, steps, temperature, k, stop, relaxed, tree in itertools.product(
+            args.gamma, steps, args.temperature, args.k, args.stop_below, [None, *args.relaxed],
+            [None if t == "none" else t for t in args.tree]):
         if relaxed is not None and (temperature > 0 or k > 1):  # a relaxed rule replaces greedy verification
+            continue
+        if tree is not None and (k > 1 or relaxed is not None):  # a tree verifies its own candidates
             continue
         combos = [(None, None, None)]
         if k > 1:  # the swap generator does not sample: the drafter temperature does not apply to it
@@ -631,7 +643,7 @@ def settings(args: argparse.Namespace, steps: list[int]) -> list[dict[str, Any]]
         for scorer, candidates, drafter_temperature in combos:
             out.append({"gamma": gamma, "steps": steps, "temperature": temperature, "k": k, "scorer": scorer,
                         "candidates": candidates, "drafter_temperature": drafter_temperature, "stop_below": stop,
-                        "relaxed": relaxed})
+                        "relaxed": relaxed, "tree": tree})
     return out
 
 

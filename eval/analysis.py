@@ -36,6 +36,8 @@ def summarize(records: list[PromptRecord], gamma: int) -> dict[str, Any]:
         total = total + r.stats
     out = total.summary(gamma)
     out["n_prompts"] = len(records)
+    nodes = [b.nodes for r in records for b in r.stats.blocks if b.nodes]
+    out["tree_nodes_mean"] = sum(nodes) / len(nodes) if nodes else None  # a token tree's candidates per block
     out["acceptance_length"] = 1.0 + out["accepted_mean"]  # vLLM's / SGLang's mean acceptance length (docs/metrics.md)
     out["expected_tau"] = expected_tau(out["per_position"])
     by_category: dict[str, list[Block]] = defaultdict(list)

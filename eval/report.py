@@ -40,6 +40,8 @@ def setting_name(r: dict[str, Any]) -> str:
     name = f"γ={r['gamma']} T={r['steps']} temp={r['temperature']:g} k={r['k']}"
     if r.get("stop_below"):
         name += f" stop<{r['stop_below']:g}"
+    if r.get("tree"):
+        name += f" tree {r['tree']}"
     if r.get("lossy_label"):
         name += f" {r['lossy_label']}"
     if r["k"] > 1:
@@ -156,7 +158,7 @@ def cost_table(results: list[dict[str, Any]]) -> str:
 def _main(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The main setting's result for each label (each drafter at its first T: drafters may draft in different T)."""
     first = results[0]
-    keys = ("gamma", "temperature", "k", "scorer", "candidates", "drafter_temperature", "stop_below", "relaxed")
+    keys = ("gamma", "temperature", "k", "scorer", "candidates", "drafter_temperature", "stop_below", "relaxed", "tree")
     main: dict[str, dict[str, Any]] = {}
     for r in results:
         if all(r.get(k) == first.get(k) for k in keys):

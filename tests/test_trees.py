@@ -1,0 +1,256 @@
+"""Token trees (align/trees.py): the tree grown from the marginals, one verifier pass over its nodes, and the longest
+path the verifier agrees with — the verifier's own output token for token (greedy) and in distribution (sampling),
+over many random cases; a broken mask and a broken sibling rule are caught."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+import align.speculative as speculative
+from align.drafters.base import DrafterKind
+from align.speculative import SpeculativeDecoder
+from align.trees import Tree, TreeShape, accept_greedy, accept_sampling, tree_from_marginals
+from align.verifier import Verifier, ar_generate
+from conftest import MASK, VOCAB, tiny_drafter, tiny_verifier
+from test_sampling import PROMPT, V, chi_square_p, exact_distribution
+
+
+def log_rows(*rows: dict[int, float], vocab: int = 6) -> torch.Tensor:
+    """Marginals (γ, V) from {token: probability} rows (the rest share what is left)."""
+    out = []
+    for row in rows:
+        p = torch.full((vocab,), (1 - sum(row.values())) / (vocab - len(row)), dtype=torch.float64)
+        for token, prob in row.items():
+            p[token] = prob
+        out.append(p.log())
+    return torch.stack(out)
+
+
+def test_the_tree_is_the_likeliest_paths_best_first():
+    logq = log_rows({1: 0.6, 2: 0.3}, {3: 0.9}, {4: 0.55, 5: 0.4})
+    tree = tree_from_marginals(logq, TreeShape(nodes=5, depth=3, branching=2))
+    # path probabilities: 1 0.6, 1-3 0.54, 2 0.3, 1-3-4 0.297, 2-3 0.27, 1-3-5 0.216, ...
+    assert tree.tokens.tolist() == [1, 3, 2, 4, 3]
+    assert tree.parents.tolist() == [-1, 0, -1, 1, 2] and tree.depth.tolist() == [1, 2, 1, 3, 2]
+    assert tree.ancestors().tolist() == [[True, False, False, False, False], [True, True, False, False, False],
+                                         [False, False, True, False, False], [True, True, False, True, False],
+                                         [False, False, True, False, True]]
+    assert tree.path(3) == [0, 1, 3] and tree.children()[-1] == [0, 2]
+    chain = tree_from_marginals(logq, TreeShape(nodes=10, depth=3, branching=1))
+    assert chain.tokens.tolist() == [1, 3, 4] and chain.parents.tolist() == [-1, 0, 1]  # the argmax draft
+    one_hot = torch.full((2, 6), float("-inf")).index_put_((torch.tensor([0, 1]), torch.tensor([2, 5])),
+                                                           torch.zeros(2))
+    assert tree_from_marginals(one_hot, TreeShape(16, 2, 4)).tokens.tolist() == [2, 5]  # no zero-probability node
+
+
+def test_acceptance_walks_the_agreed_path():
+    tree = tree_from_marginals(log_rows({1: 0.6, 2: 0.3}, {3: 0.9}, {4: 0.5, 5: 0.4}), TreeShape(6, 3, 2))
+    tokens = tree.tokens.tolist()
+    logits = torch.zeros(len(tree) + 1, 6)
+    want = {-1: 2, tokens.index(2): 3}  # the verifier's argmax: 2 at the root (the second candidate), then 3
+    for node, token in want.items():
+        logits[node + 1, token] = 5.0
+    logits[tree.children()[tokens.index(2)][0] + 1, 0] = 5.0  # after 2-3: 0, no candidate
+    path, token = accept_greedy(tree, logits)
+    assert [tokens[i] for i in path] == [2, 3] and token == 0
+    probs = logits.softmax(-1)
+    walked = Counter(tuple(tokens[i] for i in accept_sampling(tree, probs, torch.Generator().manual_seed(s))[0])
+                     for s in range(400))
+    assert walked[(2, 3)] > 250  # p(2) at the root and p(3) after it are both ≈ 0.97
+
+
+class Ranked(DrafterKind):
+    """Rows that hold the verifier's greedy continuation at a random rank (0 = the argmax, 3, or not at all): a
+    chain accepts part of a block, a tree that branches far enough more of it."""
+
+    family = "ranked"
+
+    def __init__(self, verifier_model, seed: int):
+        self.verifier_model, self.vocab_size, self.rng = verifier_model, VOCAB, random.Random(seed)
+
+    @property
+    def device(self):
+        return self.verifier_model.device
+
+    def reset(self):
+        pass
+
+    def marginals(self, prefix, gamma, steps=1, temperature=0.0, generator=None):
+        greedy = ar_generate(self.verifier_model, prefix[0].tolist(), gamma, eos_token_ids=[])
+        logits = torch.randn(1, gamma, self.vocab_size, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(self.rng.randrange(1 << 30)))
+        for j, token in enumerate(greedy):
+            rank = self.rng.choice([0, 0, 1, 2, 3, None])
+            if rank is not None:
+                order = logits[0, j].argsort(descending=True).tolist()
+                logits[0, j, token] = logits[0, j, order[rank]] + (1e-3 if rank == 0 else -1e-3)
+        return logits.log_softmax(-1)
+
+
+SHAPES = ("1x1", "4x1", "4x2", "8x4", "24x4", "64x8")
+
+
+def check_greedy_tree(drafter, model, seed: int, gamma: int, shape: str, eos_inside: bool):
+    rng = random.Random(seed * 100 + gamma)
+    prompt = [rng.randrange(4, VOCAB) for _ in range(rng.randint(3, 10))]
+    seq = ar_generate(model, prompt, 40, eos_token_ids=[])
+    eos = seq[rng.randrange(1, 30)] if eos_inside else sorted(set(range(VOCAB)) - set(seq) - set(prompt))[0]
+    decoder = SpeculativeDecoder(drafter, Verifier(model), eos)
+    out = decoder.generate(prompt, 40, gamma, tree=TreeShape.parse(shape))
+    assert out.tokens == ar_generate(model, prompt, 40, eos_token_ids=[eos]), (seed, gamma, shape, eos_inside)
+    return out
+
+
+def test_greedy_trees_are_the_verifiers_output_token_for_token():
+    """Six tree shapes (a single node to 64 nodes of branching 8), γ 1, 4 and 8, EOS inside and outside, against
+    drafters that hold the verifier's tokens at random ranks (144 cases): every output is generate's; trees that
+    branch accept more than the chain of the same drafter; whole, partial and empty paths all occur."""
+    accepted: dict[str, list[tuple[int, int]]] = {}
+    for seed in range(4):
+        model = tiny_verifier(seed)
+        for gamma in (1, 4, 8):
+            for shape in SHAPES:
+                for eos_inside in (False, True):
+                    out = check_greedy_tree(Ranked(model, seed), model, seed, gamma, shape, eos_inside)
+                    accepted.setdefault(shape, []).extend((b.accepted, b.gamma) for b in out.stats.blocks if b.gamma)
+    mean = {shape: sum(a for a, _ in blocks) / len(blocks) for shape, blocks in accepted.items()}
+    assert mean["64x8"] > mean["8x4"] > mean["4x1"], mean
+    blocks = accepted["64x8"]
+    assert any(a == g > 1 for a, g in blocks) and any(0 < a < g for a, g in blocks) and any(a == 0 for a, _ in blocks)
+
+
+@pytest.mark.parametrize("family", ("diffusiongemma", "mdlm", "dream"))
+def test_greedy_trees_of_every_diffusion_family_and_the_feature_conditioned_drafter(family):
+    from align.drafters.diffusion import Drafter
+
+    for seed in range(2):
+        model = tiny_verifier(seed)
+        drafter = Drafter(tiny_drafter(family, seed + 10), family, VOCAB, mask_token_id=MASK)
+        for gamma, shape in ((4, "8x4"), (8, "32x4")):
+            check_greedy_tree(drafter, model, seed, gamma, shape, eos_inside=seed == 1)
+
+
+def test_greedy_trees_with_the_feature_conditioned_and_lookup_drafters():
+    """dflash reads the features of the accepted path, which the tree pass keeps (no second pass); prompt lookup's
+    one-hot rows make a chain, and its fallback a tree where nothing matches."""
+    from align.drafters.dflash import DFlashDrafter
+    from align.drafters.diffusion import Drafter
+    from align.drafters.ngram import FallbackDrafter, NGramDrafter
+    from align.zoo.models import dflash_model
+
+    for seed in range(3):
+        model = tiny_verifier(seed)
+        kinds = [DFlashDrafter(dflash_model(model.config, [0], MASK, layers=1, intermediate=32, seed=seed),
+                               model, VOCAB),
+                 FallbackDrafter(NGramDrafter(VOCAB), Drafter(tiny_drafter("mdlm", seed), "mdlm", VOCAB, MASK))]
+        for drafter in kinds:
+            for gamma, shape in ((4, "8x4"), (8, "24x4")):
+                out = check_greedy_tree(drafter, model, seed, gamma, shape, eos_inside=seed == 2)
+                assert all(b.nodes and b.nodes <= 24 for b in out.stats.blocks if b.gamma)
+                if isinstance(drafter, DFlashDrafter):  # after the prompt's pass every block drafts from features
+                    assert all(b.gamma for b in out.stats.blocks[1:-2]), [b.gamma for b in out.stats.blocks]
+
+
+def test_the_tree_pass_is_what_sequential_passes_give():
+    """Each node's row equals the verifier's logits after the node's own path run in sequence (the mask shows it its
+    ancestors only, at its depth's position), and after the commit the cache holds what a sequential pass made."""
+    model = tiny_verifier(0)
+    verifier = Verifier(model)
+    prompt = [5, 6, 7, 8, 9]
+    tree = tree_from_marginals(torch.randn(4, VOCAB, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
+                                           ).log_softmax(-1), TreeShape(12, 4, 3))
+    verifier.start(prompt)
+    logits = verifier.score_tree(tree)
+    tokens = tree.tokens.tolist()
+    with torch.no_grad():
+        for node in range(len(tree)):
+            ids = prompt + [tokens[i] for i in tree.path(node)]
+            alone = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+            assert torch.allclose(logits[node + 1], alone, atol=1e-6), node
+    deepest = int(tree.depth.argmax())
+    path = tree.path(deepest)
+    verifier.commit_tree(path, 11)
+    after = verifier.score(torch.tensor([[12, 13]]))
+    with torch.no_grad():
+        alone = model(input_ids=torch.tensor([prompt + [tokens[i] for i in path] + [11, 12, 13]])).logits[0, -3:]
+    assert torch.allclose(after[0], alone.float(), atol=1e-6)
+
+
+def test_a_mask_that_lets_siblings_see_each_other_is_caught(monkeypatch):
+    """The greedy check fails when a node also sees the nodes beside it (a classic tree-mask bug)."""
+    def leaky(self):
+        seen = torch.zeros(len(self), len(self), dtype=torch.bool)
+        for i, d in enumerate(self.depth.tolist()):
+            seen[i] = self.depth <= d  # every node of its depth and above, not only its ancestors
+        return seen
+
+    monkeypatch.setattr(Tree, "ancestors", leaky)
+    with pytest.raises(AssertionError):
+        for seed in range(4):
+            model = tiny_verifier(seed)
+            for gamma in (4, 8):
+                check_greedy_tree(Ranked(model, seed), model, seed, gamma, "24x4", eos_inside=False)
+
+
+def sampling_models():
+    from align.drafters.diffusion import Drafter
+    from stubs import StubCausalLM, StubMaskedLM
+
+    return StubCausalLM(V, seed=3), Drafter(StubMaskedLM(V, seed=4), "mdlm", V, mask_token_id=3)
+
+
+def sample_trees(shape: str, n: int, temperature: float = 1.0) -> Counter:
+    verifier, drafter = sampling_models()
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    return Counter(tuple(decoder.generate(PROMPT, 3, gamma=2, temperature=temperature, seed=s,
+                                          tree=TreeShape.parse(shape)).tokens) for s in range(n))
+
+
+@pytest.mark.parametrize("shape, temperature", [("6x3", 1.0), ("3x2", 0.7)])
+def test_sampled_trees_follow_the_verifiers_distribution(shape, temperature):
+    n = 6_000
+    counts = sample_trees(shape, n, temperature)
+    assert chi_square_p(counts, exact_distribution(sampling_models()[0], temperature), n) > 1e-3
+
+
+def broken_sampling(tree, probs, generator=None):
+    """A plausible bug: try the children in order, each accepted with its own p, never renormalised after a
+    rejection; the next token from p without the tried children."""
+    tokens = tree.tokens.tolist()
+    children = tree.children()
+    node, path = -1, []
+    while True:
+        p = probs[node + 1].clone()
+        step = None
+        for c in children[node]:
+            if float(torch.rand((), generator=generator)) < float(probs[node + 1][tokens[c]]):
+                step = c
+                break
+            p[tokens[c]] = 0
+        if step is None:
+            return path, int(torch.multinomial(p / p.sum(), 1, generator=generator))
+        path.append(step)
+        node = step
+
+
+def test_the_same_check_rejects_a_broken_sibling_rule(monkeypatch):
+    monkeypatch.setattr(speculative, "accept_sampling", broken_sampling)
+    n = 5_000
+    counts = sample_trees("6x3", n)
+    assert chi_square_p(counts, exact_distribution(sampling_models()[0], 1.0), n) < 1e-6
+
+
+def test_a_tree_refuses_what_it_cannot_combine_with():
+    from align.errors import AlignError
+    from align.selection import make_selection
+
+    verifier, drafter = sampling_models()
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    with pytest.raises(AlignError, match="one draft per block"):
+        decoder.generate(PROMPT, 3, 2, tree=TreeShape.parse("4x2"), selection=make_selection(2))
+    with pytest.raises(AlignError, match="NODESxBRANCHING"):
+        TreeShape.parse("many")
