@@ -112,6 +112,15 @@ class DataConfig:
                                  "verifier's dtype; runs over the same rollouts share it) and read them from there: no "
                                  "verifier pass in the training loop. false: the verifier runs every step (online). "
                                  "Not with objectives that read the verifier's logits (kd, tv, sampled_streak).")
+    text: str | None = option(None, "dflash: fixed text labelled by the verifier in one prefill pass, trained on beside "
+                              "the rollouts (align/labels.py): english (the zoo's English text, each document after "
+                              "a chat instruction) or a JSONL file of {\"id\", \"prompt\", \"response\"}; null: the "
+                              "rollouts alone. Held-out windows stay the rollouts'.")
+    text_rows: int | None = option(None, "Rows of data.text to label and train on (null: all).", min=1)
+    text_tokens: int = option(256, "Response tokens kept per row of data.text.", min=1)
+    text_labels: str = option("greedy", "What a window of data.text learns: greedy (the verifier's own next token at "
+                              "every block position while the text agrees with it: exactly its greedy continuation) "
+                              "or text (the text's next tokens).", choices=("greedy", "text"))
 
 
 @dataclass
@@ -454,6 +463,12 @@ def _check_recipe(recipe: Recipe) -> None:
     if recipe.data.feature_cache and not kind.reads_features:
         raise RecipeError(f"recipe key data.feature_cache: true caches the verifier's features a dflash drafter reads; "
                           f"a {family} drafter reads none: set data.feature_cache: false")
+    if recipe.data.text is not None and not kind.reads_features:
+        raise RecipeError(f"recipe key data.text: labelled text trains a dflash drafter (its windows read the verifier's "
+                          f"features of the text); a {family} drafter reads none: set data.text: null")
+    if recipe.data.text is not None and recipe.distill.objective in NEEDS_TEACHER:
+        raise RecipeError(f"recipe key data.text: the labelled text keeps the verifier's tokens, not its logits, which "
+                          f"the {recipe.distill.objective} objective reads: use streak_ce or ce, or set data.text: null")
     if recipe.data.feature_cache and recipe.distill.objective in NEEDS_TEACHER:
         raise RecipeError(f"recipe key data.feature_cache: true leaves the verifier out of the training loop, and "
                           f"distill.objective {recipe.distill.objective} reads its logits at every step: set "

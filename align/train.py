@@ -43,6 +43,7 @@ from align.files import discard_partial
 from align.loading import (default_device, load_drafter_model, load_tokenizer, load_verifier_model, shared_vocab_size,
                            usable_cores)
 from align.locks import hold_folder
+from align.labels import check_text, generate_labels, label_meta
 from align.rollouts import generate_rollouts, rollout_meta
 from align.zoo import check_model, check_prompts, resolve
 
@@ -61,6 +62,7 @@ def main(argv: list[str]) -> int:
     check_model(d.path, "drafter", d.family)
     check_model(recipe.verifier.path, "verifier")
     check_prompts(recipe.data.prompts)
+    check_text(recipe.data.text)
 
     # ----------------------------------------------------------------------------------------- processes
     rank, world = init_distributed(recipe.deepspeed.timeout_minutes)
@@ -78,14 +80,21 @@ def main(argv: list[str]) -> int:
     verifier_tokenizer = load_tokenizer(verifier_path, "verifier")
     vocab = shared_vocab_size(drafter_tokenizer, verifier_tokenizer, d.path, recipe.verifier.path)  # what decoding drafts
     rollouts = generate_rollouts(recipe, rank, world, barrier=barrier, progress=lead)
-    rows, cut = within_vocab(rollouts.select_columns(["prompt_id", "prompt_ids", "response_ids"]).to_list(), vocab)
+    rows = rollouts.select_columns(["prompt_id", "prompt_ids", "response_ids"]).to_list()
+    text = []  # labelled text (data.text): trained on beside the rollouts, never held out
+    if recipe.data.text is not None:
+        labelled = generate_labels(recipe, rank, world, barrier=barrier, progress=lead)
+        text = labelled.select_columns(["prompt_id", "prompt_ids", "response_ids", "label_ids"]).to_list()
+    rows, cut = within_vocab(rows + text, vocab)
     lengths = [len(r["response_ids"]) for r in rows]
     if cut and lead:
         print(f"{cut} rollouts hold tokens past the shared vocabulary of {vocab} (verifier logit rows no tokenizer "
               "names, which the drafter cannot propose): each is cut before its first such token", flush=True)
-    held = heldout_rows(rows, recipe.data.heldout_fraction)
+    rollout_count = len(rows) - len(text)
+    held = heldout_rows(rows[:rollout_count], recipe.data.heldout_fraction) + [False] * len(text)
     heldout = [i for i in range(len(rows)) if held[i]]
-    train_rows = subset(rows, [i for i in range(len(rows)) if not held[i]], recipe.data.train_rollouts)
+    train_rows = subset(rows, [i for i in range(rollout_count) if not held[i]], recipe.data.train_rollouts) + \
+        list(range(rollout_count, len(rows)))
     gamma = recipe.distill.gamma
     if max(lengths, default=0) < gamma:
         raise AlignError(f"distill.gamma ({gamma}) is longer than every rollout (the longest has {max(lengths, default=0)} "
@@ -94,9 +103,12 @@ def main(argv: list[str]) -> int:
     eval_pairs = whole_rollouts(window_index(lengths, heldout or train_rows[:1], recipe.distill.stride),
                                 recipe.train.eval_windows, recipe.run.seed)
     data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs)}
+    if text:
+        data_fingerprint["text"] = label_meta(recipe)
     if lead:
         how = "packed: each rollout's windows from one encoder pass" if packing_on(recipe) else "one pass per window"
-        print(f"{len(rows)} rollouts, {len(train_rows)} of them trained on: {len(train_pairs)} training windows "
+        more = f" and {len(text)} rows of labelled text" if text else ""
+        print(f"{rollout_count} rollouts{more}, {len(train_rows)} rows trained on: {len(train_pairs)} training windows "
               f"({how}), {len(eval_pairs)} held-out windows (gamma {gamma})", flush=True)
 
     # ----------------------------------------------------------------------------------------- models

@@ -95,9 +95,29 @@ def uncommitted(given: torch.Tensor | None, labels: torch.Tensor, *rows: torch.T
     return (torch.where(inside, labels.gather(1, index), -100), *shifted)
 
 
-def make_batch(rollouts, pairs: torch.Tensor, gamma: int, given: torch.Tensor | None = None) -> DFlashBatch:
+def window_labels(row: dict, t: int, gamma: int, text_labels: str = "greedy") -> list[int]:
+    """The labels of window (row, t): the response's next γ tokens (a greedy rollout: the verifier's own); for a row
+    of labelled text (``label_ids``, align/labels.py) with ``text_labels`` greedy, the verifier's greedy
+    continuation of ``prompt ‖ response[:t]`` as far as it is known — ``label_ids[t + j]`` while the text before it
+    agrees with the verifier (``response[t + i] == label_ids[t + i]`` for i < j), ending after the first
+    disagreement."""
+    response = row["response_ids"]
+    if text_labels == "text" or row.get("label_ids") is None:
+        return response[t:t + gamma]
+    labels = row["label_ids"]
+    out = []
+    for i in range(t, min(t + gamma, len(response))):
+        out.append(labels[i])
+        if labels[i] != response[i]:  # the verifier's own continuation leaves the text here
+            break
+    return out
+
+
+def make_batch(rollouts, pairs: torch.Tensor, gamma: int, given: torch.Tensor | None = None,
+               text_labels: str = "greedy") -> DFlashBatch:
     """Collate windows ``pairs`` (rows of (rollout row, offset t)) of ``rollouts`` (rows with prompt_ids and
-    response_ids), grouped by rollout; ``given`` (N,): mask rows that hold their label (a later pass of T)."""
+    response_ids, and label_ids for labelled text: :func:`window_labels`), grouped by rollout; ``given`` (N,): mask
+    rows that hold their label (a later pass of T)."""
     groups: dict[int, list[int]] = {}
     for row, t in pairs.tolist():
         groups.setdefault(row, []).append(t)
@@ -114,7 +134,7 @@ def make_batch(rollouts, pairs: torch.Tensor, gamma: int, given: torch.Tensor | 
     labels = torch.full((len(pairs), gamma), -100, dtype=torch.long, device="cpu")
     slots = torch.empty(len(pairs), dtype=torch.long, device="cpu")
     for n, (row, t) in enumerate(pairs.tolist()):
-        target = rollouts[row]["response_ids"][t:t + gamma]
+        target = window_labels(rollouts[row], t, gamma, text_labels)
         labels[n, :len(target)] = torch.tensor(target, dtype=torch.long, device="cpu")
         slots[n] = slot_of[(row, t)]
     rows = torch.tensor(list(groups), dtype=torch.long, device="cpu")

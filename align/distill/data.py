@@ -9,13 +9,18 @@ import torch
 
 
 def within_vocab(rows: list[dict], vocab: int) -> tuple[list[dict], int]:
-    """Rollouts cut before their first token id >= ``vocab`` (one the drafter's distribution cannot hold); returns
-    the rows and how many were cut. Random-weight verifiers emit such ids; trained ones practically never do."""
+    """Rollouts cut before their first token id >= ``vocab`` (one the drafter's distribution cannot hold), in the
+    response and, for labelled text, its labels; returns the rows and how many were cut. Random-weight verifiers
+    emit such ids; trained ones practically never do."""
     cut = 0
     for row in rows:
-        stop = next((i for i, t in enumerate(row["response_ids"]) if t >= vocab), None)
+        labels = row.get("label_ids") or []
+        stop = next((i for i, t in enumerate(row["response_ids"]) if t >= vocab or
+                     (i < len(labels) and labels[i] >= vocab)), None)
         if stop is not None:
             row["response_ids"] = row["response_ids"][:stop]
+            if labels:
+                row["label_ids"] = labels[:stop]
             cut += 1
     return rows, cut
 

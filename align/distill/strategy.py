@@ -129,12 +129,16 @@ class Strategy:
     def denominators(self, windows: torch.Tensor, given: torch.Tensor | None = None) -> torch.Tensor:
         """(den of the objective, den of cross-entropy) for a whole global batch, from the window lengths alone (less
         the rows that hold their labels, ``given``)."""
-        valid = torch.tensor([min(self.gamma, self.lengths[row] - t) for row, t in windows.tolist()],
-                             dtype=torch.float64, device="cpu")
+        valid = torch.tensor([self.label_count(row, t) for row, t in windows.tolist()], dtype=torch.float64,
+                             device="cpu")
         if given is not None:
             valid = valid - given.double()
         windows_den = torch.tensor(float(len(windows)), device="cpu")
         return torch.stack([windows_den if self.objective.per_window else valid.sum(), valid.sum()]).float()
+
+    def label_count(self, row: int, t: int) -> int:
+        """How many of window (row, t)'s γ positions have a label: the response's tokens left."""
+        return min(self.gamma, self.lengths[row] - t)
 
     def next_token_denominator(self, windows: torch.Tensor, micro_batch_size: int) -> float:
         """Response tokens the next-token term reads in a whole global batch: each micro-batch encodes each rollout
@@ -298,6 +302,15 @@ class FeatureStrategy(Strategy):
                                      device=self.device)
             self.lookup[self.draft_vocab] = torch.arange(len(self.draft_vocab), device=self.device)
 
+    def label_count(self, row, t):
+        """A window of labelled text may know fewer labels than tokens left (align.dflash.batch.window_labels)."""
+        from align.dflash.batch import window_labels
+
+        row_data = self.rows[row]
+        if row_data.get("label_ids") is None:
+            return super().label_count(row, t)
+        return len(window_labels(row_data, t, self.gamma, self.recipe.data.text_labels))
+
     def targets(self, batch):
         """Labels as indices into the draft vocabulary (-100 for a token outside it: never drafted, so never learnt,
         and a miss in the held-out streaks)."""
@@ -308,7 +321,7 @@ class FeatureStrategy(Strategy):
     def batch(self, pairs, given=None, train=False):
         from align.dflash.batch import make_batch
 
-        return make_batch(self.rows, pairs, self.gamma, given).to(self.device)
+        return make_batch(self.rows, pairs, self.gamma, given, self.recipe.data.text_labels).to(self.device)
 
     def logits(self, batch, self_conditioning=None, next_token=False):
         """One verifier pass gives the features (and the objective's teacher logits: ``batch.teacher``), or the
@@ -336,7 +349,7 @@ class FeatureStrategy(Strategy):
             return windows, None
         from align.dflash.batch import training_given
 
-        valid = torch.tensor([min(self.gamma, self.lengths[row] - t) for row, t in windows.tolist()], device="cpu")
+        valid = torch.tensor([self.label_count(row, t) for row, t in windows.tolist()], device="cpu")
         draw = torch.Generator(device="cpu").manual_seed(zlib.crc32(f"given/{self.recipe.run.seed}/{step}".encode()))
         return windows, training_given(valid, self.gamma, steps, draw)
 

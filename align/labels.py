@@ -1,0 +1,210 @@
+"""Labelled text: fixed text the verifier reads in one prefill pass, its greedy token after every prefix kept as the
+label — training data for a feature-conditioned drafter without autoregressive generation.
+
+    python -m align.labels recipes/smollm2-dflash.yaml data.text=english data.text_rows=4000 [--shard I/N]
+
+A rollout costs one verifier step per token; labelling text costs one pass over it (on 2 CPU cores, SmolLM2-135M:
+about 2,500 tokens/s in bfloat16 against 110 generated tokens/s). Each row is a chat prompt and a response of fixed
+text; the verifier runs over ``prompt ‖ response`` once and ``label_ids[t]`` is its argmax after ``prompt ‖
+response[:t]`` — what it would say next there. A training window at offset t (``align.dflash.batch``) learns, at block
+position j, the verifier's greedy continuation of ``prompt ‖ response[:t]``: ``label_ids[t + j]`` while the text so far
+agrees with it (``response[t:t + j] == label_ids[t:t + j]``: the verifier's own continuation then runs through the
+text), nothing after the first disagreement — so every label is exactly a token of the verifier's greedy output, and
+every position has at least its first. ``data.text_labels: text`` trains on the text's own next tokens instead.
+
+Sources (``data.text``): ``english`` — the zoo's English text (``align/zoo/text.py``: Python's documentation, the
+GCIDE dictionary, fortunes, a Wikipedia sample), each document's opening sentence as the user's message after one
+of :data:`INSTRUCTIONS` and the rest as the response, documents whose words overlap an evaluation prompt left out
+(``align.zoo.magpie.OVERLAP``); or a JSONL file of ``{"id", "prompt", "response"}``. Stored like rollouts (chunks
+renamed into place when whole, resumable, sharded) under ``<cache>/labels/<fingerprint>/``.
+
+Rows: ``prompt_id``, ``category`` (``text:<source>``), ``prompt_ids``, ``response_ids``, ``label_ids``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from align.config import Recipe, load_recipe
+from align.errors import AlignError, run_cli
+from align.locks import exclusive
+from align.prompts import encode_prompt
+from align.rollouts import CHUNKS, DATASET, META, _check_meta, _merge, _save_chunk, is_complete
+from align.zoo import cache_dir, check_model, resolve
+
+#: what the user asks before a document's opening sentence (the response is the rest of the document)
+INSTRUCTIONS = ("Continue this text:", "Tell me more about this:", "Explain the following, in a paragraph or two:",
+                "Write the next part of this passage:", "Expand on this:")
+
+
+def label_meta(recipe: Recipe) -> dict[str, Any]:
+    """What determines a set of labelled text (and names its folder)."""
+    d = recipe.data
+    return {"verifier": recipe.verifier.path, "verifier_dtype": recipe.verifier.dtype, "text": d.text,
+            "text_rows": d.text_rows, "text_tokens": d.text_tokens, "chunk_size": d.batch_size, "labels": "argmax"}
+
+
+def labels_dir(recipe: Recipe) -> Path:
+    digest = hashlib.sha256(json.dumps(label_meta(recipe), sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / "labels" / digest
+
+
+def check_text(source: str | None) -> None:
+    """A text source :func:`text_rows` can read, checked before anything is built or loaded."""
+    if source is None or source == "english":
+        return
+    if not Path(source).is_file():
+        raise AlignError(f"data.text: {source} is neither 'english' (the zoo's English text) nor a JSONL file of "
+                         '{"id", "prompt", "response"}; check the path')
+
+
+def text_rows(source: str, count: int | None, seed: int = 0) -> list[dict[str, str]]:
+    """Up to ``count`` rows ``{"id", "prompt", "response", "category"}`` of ``source`` (see the module docstring)."""
+    if source != "english":
+        rows = []
+        for n, line in enumerate(Path(source).read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                rows.append({"id": str(row["id"]), "prompt": str(row["prompt"]), "response": str(row["response"]),
+                             "category": str(row.get("category", "text"))})
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise AlignError(f"{source}:{n}: not a JSON object with id, prompt and response; fix that line") from None
+        return rows[:count]
+    from align.zoo.build import english_text
+    from align.zoo.magpie import evaluation_prompts, ngrams
+    from align.zoo.text import read_text
+
+    held = set().union(*(ngrams(p) for p in evaluation_prompts()))
+    rng = random.Random(seed)
+    rows = []
+    for i, doc in enumerate(read_text(english_text())):
+        if count is not None and len(rows) >= count:
+            break
+        sentences = [s for s in re.split(r"(?<=[.!?])\s+", doc["text"].replace("\n", " ")) if s]
+        if len(sentences) < 3 or ngrams(doc["text"]) & held:
+            continue
+        rows.append({"id": f"text-{i}", "prompt": f"{rng.choice(INSTRUCTIONS)} {sentences[0]}",
+                     "response": " ".join(sentences[1:]), "category": f"text:{doc['source']}"})
+    return rows
+
+
+class Labeller:
+    """The verifier (the recipe's dtype, on ``device``), reading rows of fixed text in batches: its argmax after every
+    prefix of each response."""
+
+    def __init__(self, recipe: Recipe, device: str | None = None):
+        from align.loading import default_device, load_verifier_model
+
+        self.model, self.tokenizer = load_verifier_model(resolve(recipe.verifier.path), recipe.verifier.dtype,
+                                                         device or default_device(),
+                                                         hub_kernels=recipe.run.hub_kernels)
+
+    @torch.no_grad()
+    def label(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[int]]:
+        device = self.model.device
+        seqs = [p + r for p, r in zip(prompts, responses)]
+        width = max(map(len, seqs))
+        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for i, seq in enumerate(seqs):
+            ids[i, :len(seq)] = torch.tensor(seq, device=device)
+            mask[i, :len(seq)] = 1
+        argmax = self.model(input_ids=ids, attention_mask=mask).logits.argmax(-1).tolist()  # after each prefix
+        return [argmax[i][len(p) - 1:len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
+
+
+def generate_labels(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=None, progress: bool = True,
+                    device: str | None = None):
+    """Make (or finish) the labelled text of ``recipe`` (``data.text``); returns the merged dataset when every shard
+    is done (None before: other shards still work)."""
+    from datasets import load_from_disk
+
+    d = recipe.data
+    out = labels_dir(recipe)
+    meta = label_meta(recipe)
+    if not is_complete(out):
+        _check_meta(out, meta)
+        rows = text_rows(d.text, d.text_rows, recipe.run.seed)  # read (and checked) before any write
+        if not rows:
+            raise AlignError(f"data.text: {d.text} gave no rows; check the source")
+        (out / CHUNKS).mkdir(parents=True, exist_ok=True)
+        if shard == 0 and not (out / META).is_file():
+            (out / META).write_text(json.dumps(meta, indent=1))
+        size = d.batch_size
+        chunks = [list(range(i, min(len(rows), i + size))) for i in range(0, len(rows), size)]
+        todo = [i for i in range(len(chunks)) if i % shards == shard and not (out / CHUNKS / f"{i:05d}").is_dir()]
+        if todo:
+            labeller = Labeller(recipe, device)
+            tokenizer = labeller.tokenizer
+            for i in tqdm(todo, desc=f"labelling text (shard {shard}/{shards})", disable=not progress,
+                          dynamic_ncols=True):
+                with exclusive(out, f"chunk-{i:05d}", f"labelled-text chunk {i} in {out}"):
+                    if (out / CHUNKS / f"{i:05d}").is_dir():
+                        continue
+                    part = [rows[j] for j in chunks[i]]
+                    prompts = [encode_prompt(tokenizer, r["prompt"]) for r in part]
+                    responses = [tokenizer(r["response"], add_special_tokens=False)["input_ids"][:d.text_tokens]
+                                 for r in part]
+                    labels = []
+                    for lo in range(0, len(part), 8):  # the pass in batches of 8 rows
+                        labels += labeller.label(prompts[lo:lo + 8], responses[lo:lo + 8])
+                    _save_chunk(out / CHUNKS, i, [
+                        {"prompt_id": r["id"], "category": r["category"], "prompt_ids": p, "response_ids": t,
+                         "label_ids": y} for r, p, t, y in zip(part, prompts, responses, labels) if t])
+        if barrier is not None:
+            barrier()
+        done = sum((out / CHUNKS / f"{i:05d}").is_dir() for i in range(len(chunks)))
+        if done < len(chunks):
+            print(f"shard {shard}/{shards} finished; {len(chunks) - done} labelled-text chunks are still to come")
+            return None
+        if shard == 0 or barrier is None:
+            with exclusive(out, "merge", f"the labelled text in {out}"):
+                _merge(out, len(chunks), meta)
+        if barrier is not None:
+            barrier()
+    _check_meta(out, meta)
+    try:
+        return load_from_disk(str(out / DATASET))
+    except Exception as error:
+        raise AlignError(f"the labelled text in {out} is corrupt ({str(error).splitlines()[0]}); delete the folder "
+                         "and run again") from None
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m align.labels", description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipe", help="recipe YAML")
+    parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    parser.add_argument("--shard", default="0/1", help="I/N: this process labels every N-th chunk starting at I")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: the accelerator when present)")
+    args = parser.parse_args(argv)
+    try:
+        shard, shards = (int(x) for x in args.shard.split("/"))
+        assert 0 <= shard < shards
+    except (ValueError, AssertionError):
+        raise AlignError(f"--shard must be I/N with 0 <= I < N, got {args.shard}") from None
+    recipe = load_recipe(args.recipe, args.overrides)
+    if recipe.data.text is None:
+        raise AlignError("the recipe has no data.text to label: set data.text=english (or a JSONL file)")
+    check_model(recipe.verifier.path, "verifier")
+    check_text(recipe.data.text)
+    resolve(recipe.verifier.path)
+    dataset = generate_labels(recipe, shard, shards, device=args.device)
+    if dataset is not None:
+        tokens = sum(len(r) for r in dataset["response_ids"])
+        print(f"{len(dataset)} rows of labelled text ({tokens} response tokens) in {labels_dir(recipe) / DATASET}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
