@@ -16,7 +16,8 @@ Sources (``data.text``): ``english`` — the zoo's English text (``align/zoo/tex
 GCIDE dictionary, fortunes, a Wikipedia sample), each document's opening sentence as the user's message after one
 of :data:`INSTRUCTIONS` and the rest as the response, documents whose words overlap an evaluation prompt left out
 (``align.zoo.magpie.OVERLAP``); or a JSONL file of ``{"id", "prompt", "response"}``. Stored like rollouts (chunks
-renamed into place when whole, resumable, sharded) under ``<cache>/labels/<fingerprint>/``.
+renamed into place when whole, resumable, sharded) under ``<cache>/labels/<fingerprint>/``, in the source's order:
+``data.text_rows`` takes the first rows, and a larger set extends a smaller one.
 
 Rows: ``prompt_id``, ``category`` (``text:<source>``), ``prompt_ids``, ``response_ids``, ``label_ids``.
 """
@@ -38,7 +39,7 @@ from align.config import Recipe, load_recipe
 from align.errors import AlignError, run_cli
 from align.locks import exclusive
 from align.prompts import encode_prompt
-from align.rollouts import CHUNKS, DATASET, META, _check_meta, _merge, _save_chunk, is_complete
+from align.rollouts import CHUNKS, META, _check_meta, _save_chunk
 from align.zoo import cache_dir, check_model, resolve
 
 #: what the user asks before a document's opening sentence (the response is the rest of the document)
@@ -47,10 +48,12 @@ INSTRUCTIONS = ("Continue this text:", "Tell me more about this:", "Explain the 
 
 
 def label_meta(recipe: Recipe) -> dict[str, Any]:
-    """What determines a set of labelled text (and names its folder)."""
+    """What determines the labelled rows (and names their folder). Not ``data.text_rows``: the rows are labelled in
+    the source's order, chunk by chunk, and a run takes the first ``text_rows`` of them, so that a larger set
+    extends a smaller one (a data curve labels each row once)."""
     d = recipe.data
     return {"verifier": recipe.verifier.path, "verifier_dtype": recipe.verifier.dtype, "text": d.text,
-            "text_rows": d.text_rows, "text_tokens": d.text_tokens, "chunk_size": d.batch_size, "labels": "argmax"}
+            "text_tokens": d.text_tokens, "chunk_size": d.batch_size, "seed": recipe.run.seed, "labels": "argmax"}
 
 
 def labels_dir(recipe: Recipe) -> Path:
@@ -126,59 +129,54 @@ class Labeller:
 
 def generate_labels(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=None, progress: bool = True,
                     device: str | None = None):
-    """Make (or finish) the labelled text of ``recipe`` (``data.text``); returns the merged dataset when every shard
-    is done (None before: other shards still work)."""
-    from datasets import load_from_disk
+    """Label (or finish labelling) the first ``data.text_rows`` rows of ``data.text``; returns them as one dataset
+    (None while other shards still work). Chunks of ``data.batch_size`` rows are renamed into place when whole: a
+    killed run resumes, and a run asking for more rows labels only the chunks it lacks."""
+    from datasets import concatenate_datasets, load_from_disk
 
     d = recipe.data
     out = labels_dir(recipe)
     meta = label_meta(recipe)
-    if not is_complete(out):
-        _check_meta(out, meta)
-        rows = text_rows(d.text, d.text_rows, recipe.run.seed)  # read (and checked) before any write
-        if not rows:
-            raise AlignError(f"data.text: {d.text} gave no rows; check the source")
-        (out / CHUNKS).mkdir(parents=True, exist_ok=True)
-        if shard == 0 and not (out / META).is_file():
-            (out / META).write_text(json.dumps(meta, indent=1))
-        size = d.batch_size
-        chunks = [list(range(i, min(len(rows), i + size))) for i in range(0, len(rows), size)]
-        todo = [i for i in range(len(chunks)) if i % shards == shard and not (out / CHUNKS / f"{i:05d}").is_dir()]
-        if todo:
-            labeller = Labeller(recipe, device)
-            tokenizer = labeller.tokenizer
-            for i in tqdm(todo, desc=f"labelling text (shard {shard}/{shards})", disable=not progress,
-                          dynamic_ncols=True):
-                with exclusive(out, f"chunk-{i:05d}", f"labelled-text chunk {i} in {out}"):
-                    if (out / CHUNKS / f"{i:05d}").is_dir():
-                        continue
-                    part = [rows[j] for j in chunks[i]]
-                    prompts = [encode_prompt(tokenizer, r["prompt"]) for r in part]
-                    responses = [tokenizer(r["response"], add_special_tokens=False)["input_ids"][:d.text_tokens]
-                                 for r in part]
-                    labels = []
-                    for lo in range(0, len(part), 8):  # the pass in batches of 8 rows
-                        labels += labeller.label(prompts[lo:lo + 8], responses[lo:lo + 8])
-                    _save_chunk(out / CHUNKS, i, [
-                        {"prompt_id": r["id"], "category": r["category"], "prompt_ids": p, "response_ids": t,
-                         "label_ids": y} for r, p, t, y in zip(part, prompts, responses, labels) if t])
-        if barrier is not None:
-            barrier()
-        done = sum((out / CHUNKS / f"{i:05d}").is_dir() for i in range(len(chunks)))
-        if done < len(chunks):
-            print(f"shard {shard}/{shards} finished; {len(chunks) - done} labelled-text chunks are still to come")
-            return None
-        if shard == 0 or barrier is None:
-            with exclusive(out, "merge", f"the labelled text in {out}"):
-                _merge(out, len(chunks), meta)
-        if barrier is not None:
-            barrier()
     _check_meta(out, meta)
+    rows = text_rows(d.text, None, recipe.run.seed)  # read (and checked) before any write
+    if not rows:
+        raise AlignError(f"data.text: {d.text} gave no rows; check the source")
+    wanted = len(rows) if d.text_rows is None else min(d.text_rows, len(rows))
+    size = d.batch_size
+    chunks = [list(range(i, min(len(rows), i + size))) for i in range(0, wanted, size)]
+    (out / CHUNKS).mkdir(parents=True, exist_ok=True)
+    if shard == 0 and not (out / META).is_file():
+        (out / META).write_text(json.dumps(meta, indent=1))
+    todo = [i for i in range(len(chunks)) if i % shards == shard and not (out / CHUNKS / f"{i:05d}").is_dir()]
+    if todo:
+        labeller = Labeller(recipe, device)
+        tokenizer = labeller.tokenizer
+        for i in tqdm(todo, desc=f"labelling text (shard {shard}/{shards})", disable=not progress, dynamic_ncols=True):
+            with exclusive(out, f"chunk-{i:05d}", f"labelled-text chunk {i} in {out}"):
+                if (out / CHUNKS / f"{i:05d}").is_dir():
+                    continue
+                part = [rows[j] for j in chunks[i]]
+                prompts = [encode_prompt(tokenizer, r["prompt"]) for r in part]
+                responses = [tokenizer(r["response"], add_special_tokens=False)["input_ids"][:d.text_tokens]
+                             for r in part]
+                labels = []
+                for lo in range(0, len(part), 8):  # the pass in batches of 8 rows
+                    labels += labeller.label(prompts[lo:lo + 8], responses[lo:lo + 8])
+                _save_chunk(out / CHUNKS, i, [
+                    {"prompt_id": r["id"], "category": r["category"], "prompt_ids": p, "response_ids": t,
+                     "label_ids": y} for r, p, t, y in zip(part, prompts, responses, labels)])
+    if barrier is not None:
+        barrier()
+    missing = [i for i in range(len(chunks)) if not (out / CHUNKS / f"{i:05d}").is_dir()]
+    if missing:
+        print(f"shard {shard}/{shards} finished; {len(missing)} labelled-text chunks are still to come")
+        return None
     try:
-        return load_from_disk(str(out / DATASET))
+        dataset = concatenate_datasets([load_from_disk(str(out / CHUNKS / f"{i:05d}")) for i in range(len(chunks))])
     except Exception as error:
         raise AlignError(f"the labelled text in {out} is corrupt ({str(error).splitlines()[0]}); delete the folder "
                          "and run again") from None
+    return dataset.select(range(wanted)).filter(lambda r: len(r["response_ids"]) > 0)
 
 
 def main(argv: list[str]) -> int:
@@ -202,7 +200,7 @@ def main(argv: list[str]) -> int:
     dataset = generate_labels(recipe, shard, shards, device=args.device)
     if dataset is not None:
         tokens = sum(len(r) for r in dataset["response_ids"])
-        print(f"{len(dataset)} rows of labelled text ({tokens} response tokens) in {labels_dir(recipe) / DATASET}")
+        print(f"{len(dataset)} rows of labelled text ({tokens} response tokens) in {labels_dir(recipe)}")
     return 0
 
 

@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
                                 recipe.train.eval_windows, recipe.run.seed)
     data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs)}
     if text:
-        data_fingerprint["text"] = label_meta(recipe)
+        data_fingerprint["text"] = {**label_meta(recipe), "rows": len(text)}
     if lead:
         how = "packed: each rollout's windows from one encoder pass" if packing_on(recipe) else "one pass per window"
         more = f" and {len(text)} rows of labelled text" if text else ""

@@ -1,9 +1,17 @@
-"""Held-out accepted against the number of training rollouts, at one training budget per token: the curve a user
-reads to plan their own run.
+"""Held-out accepted against the data trained on, at one training budget per token: the curve a user reads to plan
+their own run.
 
     python bench/data_curve.py --recipe recipes/smollm2-dflash.yaml --rollouts 240,480,950,1900 \
         --reuse runs/smollm2-dflash
     python bench/data_curve.py --recipe recipes/smollm2-dflash.yaml --plot-only
+    python bench/data_curve.py --recipe recipes/smollm2-dflash.yaml --text-rows 0,1600,4000,8000 --epochs 0.5 \
+        --out runs/bench/text-curve       # all the rollouts plus labelled text (align/labels.py)
+
+With ``--text-rows`` the points add the first N rows of labelled text (``data.text``, default english) to all the
+training rollouts, and each trains ``--epochs`` × its training windows (one per token) / the global batch steps: the
+same steps per token at every point. Each point records its tokens and what they cost: the labelling (the verifier's
+prefill over the new rows, once: a larger point extends a smaller one), the feature cache and the training, in
+seconds. ``--labels text`` (a point apart, suffix ``-text``) trains on the text's own tokens instead of the verifier's.
 
 Each point trains the recipe on a subset of its training rollouts (``data.train_rollouts``: nested subsets chosen by
 a hash of the prompt id, the held-out rollouts the same for every point). The largest point is the recipe as it is
@@ -50,6 +58,40 @@ def train_point(recipe: str, folder: Path, rollouts: int | None, steps: int, eva
         raise SystemExit(f"failed: {' '.join(command)}")
 
 
+def text_point(recipe_path: str, out: Path, rows: int, labels: str, epochs: float, evals: int, seed: int,
+               extra: list[str]) -> dict:
+    """One point of the text axis: all training rollouts and the first ``rows`` rows of labelled text, trained for
+    ``epochs`` of its windows; returns its record (tokens, steps, seconds by stage, the held-out curve)."""
+    import time
+
+    from align.config import load_recipe
+    from align.distill.data import heldout_rows
+    from align.labels import generate_labels
+    from align.rollouts import load_rollouts
+
+    more = [*extra, f"data.text_labels={labels}"] + (["data.text=null"] if rows == 0 else [f"data.text_rows={rows}"])
+    recipe = load_recipe(recipe_path, more)
+    dataset = load_rollouts(recipe)
+    rollout_rows = dataset.select_columns(["prompt_id", "response_ids"]).to_list()
+    held = heldout_rows(rollout_rows, recipe.data.heldout_fraction)
+    tokens = {"rollouts": sum(len(r["response_ids"]) for r, h in zip(rollout_rows, held) if not h), "text": 0}
+    seconds = {}
+    if rows:
+        start = time.perf_counter()
+        text = generate_labels(recipe)
+        seconds["labels"] = time.perf_counter() - start  # 0 where a larger point labelled these rows already
+        tokens["text"] = sum(len(r) for r in text["response_ids"])
+    windows = tokens["rollouts"] + tokens["text"]
+    steps = max(1, math.ceil(epochs * windows / recipe.train.global_batch_size))
+    folder = out / f"text-{rows}" if labels == "greedy" else out / f"text-{rows}-{labels}"
+    start = time.perf_counter()
+    train_point(recipe_path, folder, None, steps, evals, seed, more)
+    seconds["train"] = time.perf_counter() - start
+    meta = json.loads((folder / "final" / "meta.json").read_text())
+    return {"text_rows": rows, "labels": labels, "tokens": tokens, "steps": meta["steps"], "folder": str(folder),
+            "seconds": seconds, "curve": heldout_curve(folder)}
+
+
 def plot(results: dict, path: Path, title: str) -> None:
     import matplotlib
 
@@ -86,7 +128,14 @@ def main() -> None:
     p.add_argument("--extra", default="", help="more overrides for every run, space separated")
     p.add_argument("--out", default="runs/bench/data-curve")
     p.add_argument("--plot-only", action="store_true")
+    p.add_argument("--text-rows", default=None, help="the text axis: rows of labelled text added to all the rollouts, "
+                   "comma list (0: the rollouts alone)")
+    p.add_argument("--text", default="english", help="the text axis's data.text")
+    p.add_argument("--epochs", type=float, default=0.5, help="the text axis: training windows per token")
+    p.add_argument("--labels", default="greedy", choices=("greedy", "text"), help="the text axis: data.text_labels")
     args = p.parse_args()
+    if args.text_rows is not None:
+        return text_main(args)
     from align.config import load_recipe
 
     recipe = load_recipe(args.recipe, args.extra.split())  # refused here, before any training, when it is wrong
@@ -113,6 +162,51 @@ def main() -> None:
         print(f"| {r['rollouts']} | {r['steps']} | {last['decoded_accepted']:.3f} | {last['expected_streak']:.3f} |")
     plot(results, out / "data-curve.png", f"{Path(args.recipe).stem}: held-out accepted against data")
     print(f"\nplot: {out / 'data-curve.png'}")
+
+
+def text_main(args: argparse.Namespace) -> None:
+    from align.config import load_recipe
+
+    extra = [f"data.text={args.text}", *args.extra.split()]
+    load_recipe(args.recipe, extra)  # refused here, before any labelling or training, when it is wrong
+    out = ROOT / args.out
+    out.mkdir(parents=True, exist_ok=True)
+    results_file = out / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    for rows in ([] if args.plot_only else sorted(int(x) for x in args.text_rows.split(","))):
+        key = f"{rows}" if args.labels == "greedy" else f"{rows}-{args.labels}"
+        if key in results:
+            continue
+        results[key] = text_point(args.recipe, out, rows, args.labels, args.epochs, args.evals, args.seed, extra)
+        results_file.write_text(json.dumps(results, indent=1))
+    print(f"\n{args.recipe}: all training rollouts plus N rows of {args.text}, {args.epochs:g} epoch of windows a "
+          f"point, seed {args.seed}\n")
+    print("| text rows | labels | training tokens (rollouts + text) | steps | labelling s | training s (with its "
+          "feature cache) | held-out decoded accepted | E[streak] |\n|---|---|---|---|---|---|---|---|")
+    for r in sorted(results.values(), key=lambda r: (r["labels"], r["text_rows"])):
+        last = r["curve"][-1]
+        t = r["tokens"]
+        print(f"| {r['text_rows']} | {r['labels']} | {t['rollouts'] + t['text']:,} ({t['rollouts']:,} + "
+              f"{t['text']:,}) | {r['steps']} | {r['seconds'].get('labels', 0):.0f} | {r['seconds']['train']:.0f} | "
+              f"{last['decoded_accepted']:.3f} | {last['expected_streak']:.3f} |")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for labels in sorted({r["labels"] for r in results.values()}):
+        points = sorted((r for r in results.values() if r["labels"] == labels), key=lambda r: r["text_rows"])
+        ax.plot([r["tokens"]["rollouts"] + r["tokens"]["text"] for r in points],
+                [r["curve"][-1]["decoded_accepted"] for r in points], "o-", label=f"{labels} labels")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens (rollouts + labelled text)")
+    ax.set_ylabel("held-out decoded accepted per block")
+    ax.set_title(f"{Path(args.recipe).stem}: {args.epochs:g} epoch a point")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "text-curve.png", dpi=120)
+    print(f"\nplot: {out / 'text-curve.png'}")
 
 
 if __name__ == "__main__":

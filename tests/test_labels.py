@@ -70,11 +70,12 @@ def test_labelled_text_is_made_in_chunks_and_trains_a_dflash_drafter_beside_the_
     assert all(len(r) == len(y) <= 20 for r, y in zip(made["response_ids"], made["label_ids"]))
     chunks = sorted((labels_dir(recipe) / "chunks").iterdir())
     assert len(chunks) == 2  # data.batch_size 8: two chunks, each renamed into place whole
+    assert len(generate_labels(load_recipe("recipes/tiny.yaml", [*args, "data.text_rows=4"]))) == 4  # a prefix
     stamp = chunks[0].stat().st_mtime
     assert generate_labels(recipe)["label_ids"] == made["label_ids"] and chunks[0].stat().st_mtime == stamp
     assert run_main(args) == 0
     meta = json.loads((out / "final" / "meta.json").read_text())
-    assert meta["data_fingerprint"]["text"]["text_rows"] == 9
+    assert meta["data_fingerprint"]["text"]["rows"] == 9
     assert meta["data_fingerprint"]["windows"] > 16 * 20  # the rollouts' windows and the text's
 
 
