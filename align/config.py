@@ -117,6 +117,9 @@ class DataConfig:
                               "a chat instruction) or a JSONL file of {\"id\", \"prompt\", \"response\"}; null: the "
                               "rollouts alone. Held-out windows stay the rollouts'.")
     text_rows: int | None = option(None, "Rows of data.text to label and train on (null: all).", min=1)
+    train_text_rows: int | None = option(None, "Train on the first N rows of data.text only; the others stay in the "
+                                         "feature cache, so that the data curve's points share one "
+                                         "(bench/data_curve.py). null: all.", min=0)
     text_tokens: int = option(256, "Response tokens kept per row of data.text.", min=1)
     text_labels: str = option("greedy", "What a window of data.text learns: greedy (the verifier's own next token at "
                               "every block position while the text agrees with it: exactly its greedy continuation) "

@@ -93,8 +93,9 @@ def main(argv: list[str]) -> int:
     rollout_count = len(rows) - len(text)
     held = heldout_rows(rows[:rollout_count], recipe.data.heldout_fraction) + [False] * len(text)
     heldout = [i for i in range(len(rows)) if held[i]]
+    text_trained = len(text) if recipe.data.train_text_rows is None else min(len(text), recipe.data.train_text_rows)
     train_rows = subset(rows, [i for i in range(rollout_count) if not held[i]], recipe.data.train_rollouts) + \
-        list(range(rollout_count, len(rows)))
+        list(range(rollout_count, rollout_count + text_trained))
     gamma = recipe.distill.gamma
     if max(lengths, default=0) < gamma:
         raise AlignError(f"distill.gamma ({gamma}) is longer than every rollout (the longest has {max(lengths, default=0)} "
@@ -104,7 +105,7 @@ def main(argv: list[str]) -> int:
                                 recipe.train.eval_windows, recipe.run.seed)
     data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs)}
     if text:
-        data_fingerprint["text"] = {**label_meta(recipe), "rows": len(text)}
+        data_fingerprint["text"] = {**label_meta(recipe), "rows": len(text), "trained_rows": text_trained}
     if lead:
         how = "packed: each rollout's windows from one encoder pass" if packing_on(recipe) else "one pass per window"
         more = f" and {len(text)} rows of labelled text" if text else ""

@@ -10,7 +10,7 @@ their own run.
 With ``--text-rows`` the points add the first N rows of labelled text (``data.text``, default english) to all the
 training rollouts, and each trains ``--epochs`` × its training windows (one per token) / the global batch steps: the
 same steps per token at every point. Each point records its tokens and what they cost: the labelling (the verifier's
-prefill over the new rows, once: a larger point extends a smaller one), the feature cache and the training, in
+prefill over the rows, once), the feature cache (built once, over the largest point's rows) and the training, in
 seconds. ``--labels text`` (a point apart, suffix ``-text``) trains on the text's own tokens instead of the verifier's.
 
 Each point trains the recipe on a subset of its training rollouts (``data.train_rollouts``: nested subsets chosen by
@@ -58,10 +58,12 @@ def train_point(recipe: str, folder: Path, rollouts: int | None, steps: int, eva
         raise SystemExit(f"failed: {' '.join(command)}")
 
 
-def text_point(recipe_path: str, out: Path, rows: int, labels: str, epochs: float, evals: int, seed: int,
-               extra: list[str]) -> dict:
+def text_point(recipe_path: str, out: Path, rows: int, largest: int, labels: str, epochs: float, evals: int,
+               seed: int, extra: list[str]) -> dict:
     """One point of the text axis: all training rollouts and the first ``rows`` rows of labelled text, trained for
-    ``epochs`` of its windows; returns its record (tokens, steps, seconds by stage, the held-out curve)."""
+    ``epochs`` of its windows; returns its record (tokens, steps, seconds by stage, the held-out curve). Every point
+    with text loads the ``largest`` point's rows (the feature cache is built once, by the first) and trains on its
+    own first ``rows``."""
     import time
 
     from align.config import load_recipe
@@ -69,7 +71,8 @@ def text_point(recipe_path: str, out: Path, rows: int, labels: str, epochs: floa
     from align.labels import generate_labels
     from align.rollouts import load_rollouts
 
-    more = [*extra, f"data.text_labels={labels}"] + (["data.text=null"] if rows == 0 else [f"data.text_rows={rows}"])
+    more = [*extra, f"data.text_labels={labels}"] + (["data.text=null"] if rows == 0 else
+                                                      [f"data.text_rows={largest}", f"data.train_text_rows={rows}"])
     recipe = load_recipe(recipe_path, more)
     dataset = load_rollouts(recipe)
     rollout_rows = dataset.select_columns(["prompt_id", "response_ids"]).to_list()
@@ -79,8 +82,8 @@ def text_point(recipe_path: str, out: Path, rows: int, labels: str, epochs: floa
     if rows:
         start = time.perf_counter()
         text = generate_labels(recipe)
-        seconds["labels"] = time.perf_counter() - start  # 0 where a larger point labelled these rows already
-        tokens["text"] = sum(len(r) for r in text["response_ids"])
+        seconds["labels"] = time.perf_counter() - start  # 0 where another point labelled these rows already
+        tokens["text"] = sum(len(r) for r in text["response_ids"][:rows])
     windows = tokens["rollouts"] + tokens["text"]
     steps = max(1, math.ceil(epochs * windows / recipe.train.global_batch_size))
     folder = out / f"text-{rows}" if labels == "greedy" else out / f"text-{rows}-{labels}"
@@ -133,6 +136,8 @@ def main() -> None:
     p.add_argument("--text", default="english", help="the text axis's data.text")
     p.add_argument("--epochs", type=float, default=0.5, help="the text axis: training windows per token")
     p.add_argument("--labels", default="greedy", choices=("greedy", "text"), help="the text axis: data.text_labels")
+    p.add_argument("--largest", type=int, default=None, help="the text axis: rows every point loads (and caches), "
+                   "when a later run adds larger points; default: this run's largest")
     args = p.parse_args()
     if args.text_rows is not None:
         return text_main(args)
@@ -173,11 +178,13 @@ def text_main(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
-    for rows in ([] if args.plot_only else sorted(int(x) for x in args.text_rows.split(","))):
+    points = sorted(int(x) for x in args.text_rows.split(","))
+    for rows in ([] if args.plot_only else points):
         key = f"{rows}" if args.labels == "greedy" else f"{rows}-{args.labels}"
         if key in results:
             continue
-        results[key] = text_point(args.recipe, out, rows, args.labels, args.epochs, args.evals, args.seed, extra)
+        results[key] = text_point(args.recipe, out, rows, max(points + [args.largest or 0]), args.labels,
+                                  args.epochs, args.evals, args.seed, extra)
         results_file.write_text(json.dumps(results, indent=1))
     print(f"\n{args.recipe}: all training rollouts plus N rows of {args.text}, {args.epochs:g} epoch of windows a "
           f"point, seed {args.seed}\n")

@@ -8,7 +8,8 @@ Stages, each timed (``runs/real/stages.json``):
 1. the zoo: what the recipes read, built by ``python -m align.zoo build`` (verifiers converted from their packages'
    GGUF files, training prompts, drafters made from the verifier);
 2. the headline of each pair that has one (its record's ``headline``, align/zoo/pairs.py; SmolLM2's): rollouts of
-   its recipe (in ``.venv-vllm`` where the recipe rolls out with vLLM), the shipped drafter trained on them, an
+   its recipe (in ``.venv-vllm`` where the recipe rolls out with vLLM), its labelled text where the recipe has
+   ``data.text`` (``python -m align.labels``), the shipped drafter trained on them, an
    autoregressive assistant trained on the same rollouts for the same time (``python -m align.baseline train``),
    and one interleaved ``eval.acceptance`` run on Spec-Bench (``--headline-per-category`` questions of each
    category, ``--headline-tokens`` new tokens, greedy) of the drafters against transformers' ``generate``, prompt
@@ -106,6 +107,10 @@ def headline(pair: str, per_category: int, tokens: int, times: dict, train: bool
     run_dir = f"runs/{Path(h.recipe).stem}"
     if train:
         rollouts(f"rollouts {pair} headline", h.recipe, times)
+        import yaml
+
+        if (yaml.safe_load(open(ROOT / h.recipe)).get("data") or {}).get("text"):  # labelled text: its own stage
+            run(f"labels {pair} headline", [sys.executable, "-m", "align.labels", h.recipe], times)
         run(f"align {pair} headline", [sys.executable, "align/train.py", h.recipe], times)
         # for the drafter's training time (its optimizer steps, from the run's metrics.jsonl: align.baseline's
         # default), so that a rerun that resumes a finished run cannot shrink the assistant's budget

@@ -46,8 +46,11 @@ class DFlashDrafter(DrafterKind):
         self.draft_vocab = None  # the token ids it proposes (its head: those rows of the verifier's); None: all
         if self.config.draft_vocab:
             self.draft_vocab = torch.tensor(self.config.draft_vocab, device=self.device)
-            self.head_rows = self.head.weight[self.draft_vocab].detach()
-            self.head_bias = None if self.head.bias is None else self.head.bias[self.draft_vocab].detach()
+            # in the drafter's dtype: a bfloat16 verifier's rows times a handful of float32 hidden states ran 5x
+            # slower in bfloat16 on this CPU (6.7 ms a block against 1.3; docs/results.md)
+            dtype = next(model.parameters()).dtype
+            self.head_rows = self.head.weight[self.draft_vocab].detach().to(dtype)
+            self.head_bias = None if self.head.bias is None else self.head.bias[self.draft_vocab].detach().to(dtype)
         self.verifier = None
         self.draft: torch.Tensor | None = None  # T > 1: the block as drafted, which the loop must verify
         self.reset()
@@ -88,8 +91,9 @@ class DFlashDrafter(DrafterKind):
         """Log-probabilities (1, n, V) of hidden states (1, n, H) through the verifier's head (its draft vocabulary's
         rows only, -inf for the other tokens)."""
         if self.draft_vocab is None:
-            return self.head(hidden)[..., :self.vocab_size].float().log_softmax(-1)
-        small = torch.nn.functional.linear(hidden, self.head_rows, self.head_bias).float().log_softmax(-1)
+            return self.head(hidden.to(self.head.weight.dtype))[..., :self.vocab_size].float().log_softmax(-1)
+        small = torch.nn.functional.linear(hidden.to(self.head_rows.dtype), self.head_rows,
+                                           self.head_bias).float().log_softmax(-1)
         full = torch.full((*small.shape[:-1], self.vocab_size), -torch.inf, device=small.device)
         return full.scatter_(-1, self.draft_vocab.expand(*small.shape[:-1], -1), small)
 
@@ -118,7 +122,7 @@ class DFlashDrafter(DrafterKind):
         for lo, hi in chunks(gamma, steps):
             embeds = self.embed(ids[None]).to(self.model.dtype)
             hidden = self.model(embeds, positions, context=self.context)[:, 1 + lo:1 + hi]
-            rows.append(self._rows(hidden.to(self.head.weight.dtype)))
+            rows.append(self._rows(hidden))
             if steps > 1:  # the rows after these read the tokens drafted here
                 chunk = rows[-1][0]
                 ids[1 + lo:1 + hi] = chunk.argmax(-1) if temperature <= 0 else torch.multinomial(
