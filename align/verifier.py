@@ -144,12 +144,17 @@ class Verifier:
     def commit_tree(self, path: list[int], next_token: int) -> None:
         """Keep the pending tokens and the tree nodes of ``path`` (their keys and values stay in the cache, as a
         sequential pass would have made them: each saw exactly its ancestors); ``next_token`` is pending."""
-        n, _ = self._last
-        keep = torch.cat([torch.arange(self.cached + n, device=self.device),
-                          self.cached + n + torch.tensor(path, dtype=torch.long, device=self.device)])
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(-2, keep)
-            layer.values = layer.values.index_select(-2, keep)
+        n, tree = self._last
+        base = self.cached + n
+        if path != list(range(len(path))):  # the path's nodes move up behind the pending tokens (a spine is there)
+            source = base + torch.tensor(path, dtype=torch.long, device=self.device)
+            target = torch.arange(base, base + len(path), device=self.device)
+            with grad_free(self.lean):  # the cache's tensors were made in inference mode
+                for layer in self.cache.layers:
+                    layer.keys[..., target, :] = layer.keys[..., source, :]
+                    layer.values[..., target, :] = layer.values[..., source, :]
+        if len(tree) > len(path):
+            self.cache.crop(-(len(tree) - len(path)))
         if self.tap is not None:
             start, rows = self._rows
             kept = torch.cat([rows[0, :n], rows[0, n + torch.tensor(path, dtype=torch.long, device=rows.device)]])
