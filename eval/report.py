@@ -77,14 +77,12 @@ def summary_table(results: list[dict[str, Any]]) -> str:
 
 def alternatives_table(document: dict[str, Any]) -> str:
     """Every method of the run against HF generate: the alternatives a user already has (prompt lookup, an
-    assistant model, through generate) and the drafters through align's loop (each at its first setting, greedy and
-    sampled apart), with τ where it can be counted and the outputs against generate's."""
+    assistant model, through generate) and the drafters through align's loop (each at every setting it ran, greedy
+    and sampled apart), with τ where it can be counted and the outputs against generate's."""
     lines = ["| method | temperature | tokens/s | speedup vs generate | speedup vs the cached loop | τ (tokens per "
              "verifier call) | outputs equal to generate's |", "|---|---|---|---|---|---|---|"]
     rows = list(document.get("alternatives") or [])
-    for temperature in dict.fromkeys(r["temperature"] for r in document["results"]):
-        main = _main([r for r in document["results"] if r["temperature"] == temperature])
-        rows += [dict(r, label=f"{label} ({setting_name(r)})") for label, r in main.items()]
+    rows += [dict(r, label=f"{r['label']} ({setting_name(r)})") for r in _per_setting(document["results"])]
     generate = {}
     for r in rows:
         generate.setdefault(r["temperature"], r["generate_tokens_per_s"])
@@ -102,8 +100,9 @@ def category_speed_table(document: dict[str, Any]) -> str:
     where each one wins."""
     temperature = min(r["temperature"] for r in document["results"])
     rows = [r for r in document.get("alternatives") or [] if r["temperature"] == temperature]
-    main = _main([r for r in document["results"] if r["temperature"] == temperature])
-    rows += [dict(r, label=label) for label, r in main.items()]
+    settings = _per_setting([r for r in document["results"] if r["temperature"] == temperature])
+    several = len(settings) > len({r["label"] for r in settings})  # a label at several settings: name each
+    rows += [dict(r, label=f"{r['label']} ({_short(r)})" if several else r["label"]) for r in settings]
     rows = [r for r in rows if r.get("per_category_speedup_vs_generate")]
     if not rows:
         return "(no per-category speeds)"
@@ -153,6 +152,26 @@ def cost_table(results: list[dict[str, Any]]) -> str:
                      f"{block / step_ms:.2f} | {r['tau'] * step_ms / block:.2f} | {r['speedup']:.2f} | "
                      f"{r['tau'] * step_ms / verify:.2f} |")
     return "\n".join(lines)
+
+
+def _per_setting(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each label's results at each setting (mean over seeds where there are several: the first found), in order."""
+    keys = ("gamma", "steps", "temperature", "k", "scorer", "candidates", "drafter_temperature", "stop_below",
+            "relaxed", "tree")
+    seen: dict[tuple, dict[str, Any]] = {}
+    for r in results:
+        seen.setdefault((r["label"], *(str(r.get(k)) for k in keys)), r)
+    return list(seen.values())
+
+
+def _short(r: dict[str, Any]) -> str:
+    """The setting in few words: γ, and the stop rule or tree where there is one."""
+    name = f"γ {r['gamma']}"
+    if r.get("stop_below"):
+        name += f" stop<{r['stop_below']:g}"
+    if r.get("tree"):
+        name += f" tree {r['tree']}"
+    return name
 
 
 def _main(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
