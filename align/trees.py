@@ -25,6 +25,7 @@ and the path accepted with probability Σ_children p, the most any lossless rule
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import torch
@@ -108,7 +109,7 @@ def tree_from_marginals(logq: torch.Tensor, shape: TreeShape) -> Tree:
         return Tree(*(torch.zeros(0, dtype=torch.long, device=logq.device) for _ in range(3)))
     top = logq[:gamma].float().topk(min(shape.branching, logq.shape[-1]), dim=-1)
     values, indices = top.values.tolist(), top.indices.tolist()  # (γ, b): the candidates of each depth
-    floor = float("-inf") if shape.min_probability <= 0 else torch.tensor(shape.min_probability).log().item()
+    floor = float("-inf") if shape.min_probability <= 0 else math.log(shape.min_probability)
     tokens, parents, depths = [], [], []
     heap = [(-values[0][r], 0, r, -1) for r in range(len(values[0]))]  # (−log path probability, depth − 1, rank, parent)
     heapq.heapify(heap)
