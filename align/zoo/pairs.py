@@ -109,7 +109,7 @@ PAIRS: dict[str, RealPair] = {p.name: p for p in (
         headline=Headline(
             "recipes/smollm2-dflash.yaml", "zoo:smollm2-exit", "runs/smollm2-ar",
             ("--lr", "1e-3", "--batch-size", "8", "--warmup", "10", "--eval-every", "0"),
-            ("--gamma", "3", "--stop-below", "0.3", "--prompt-lookup", "3,10",
+            ("--gamma", "8", "--tree", "none,8x2", "--drafter-dtype", "float32", "--prompt-lookup", "3,10",
              "--drafter", "lookup=ngram:3", "--drafter", "lookup+dflash=ngram:3+runs/smollm2-dflash/final"))),
     RealPair(
         "gemma3", "Gemma 3 270M ← DiffusionGemma drafter (its first 6 layers, adapted)", "gemma3-270m",
