@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from align.config import load_recipe  # noqa: E402
 from align.zoo.pairs import PAIRS, zoo_names  # noqa: E402 (one record per real pair: its models, recipes, grids)
 
 OUT = ROOT / "runs" / "real"
@@ -107,9 +108,7 @@ def headline(pair: str, per_category: int, tokens: int, times: dict, train: bool
     run_dir = f"runs/{Path(h.recipe).stem}"
     if train:
         rollouts(f"rollouts {pair} headline", h.recipe, times)
-        import yaml
-
-        if (yaml.safe_load(open(ROOT / h.recipe)).get("data") or {}).get("text"):  # labelled text: its own stage
+        if load_recipe(str(ROOT / h.recipe)).data.text:  # labelled text: its own stage
             run(f"labels {pair} headline", [sys.executable, "-m", "align.labels", h.recipe], times)
         run(f"align {pair} headline", [sys.executable, "align/train.py", h.recipe], times)
         # for the drafter's training time (its optimizer steps, from the run's metrics.jsonl: align.baseline's

@@ -36,12 +36,14 @@ def color(label: str, results: list[dict[str, Any]]) -> str:
     return PALETTE[others.index(label) % len(PALETTE)] if label in others else "#333333"
 
 
+def _block_rule(r: dict[str, Any]) -> str:
+    """How a block ends or branches, where the setting says: the stop rule, the tree."""
+    stop = f" stop<{r['stop_below']:g}" if r.get("stop_below") else ""
+    return stop + (f" tree {r['tree']}" if r.get("tree") else "")
+
+
 def setting_name(r: dict[str, Any]) -> str:
-    name = f"γ={r['gamma']} T={r['steps']} temp={r['temperature']:g} k={r['k']}"
-    if r.get("stop_below"):
-        name += f" stop<{r['stop_below']:g}"
-    if r.get("tree"):
-        name += f" tree {r['tree']}"
+    name = f"γ={r['gamma']} T={r['steps']} temp={r['temperature']:g} k={r['k']}" + _block_rule(r)
     if r.get("lossy_label"):
         name += f" {r['lossy_label']}"
     if r["k"] > 1:
@@ -166,12 +168,7 @@ def _per_setting(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _short(r: dict[str, Any]) -> str:
     """The setting in few words: γ, and the stop rule or tree where there is one."""
-    name = f"γ {r['gamma']}"
-    if r.get("stop_below"):
-        name += f" stop<{r['stop_below']:g}"
-    if r.get("tree"):
-        name += f" tree {r['tree']}"
-    return name
+    return f"γ {r['gamma']}" + _block_rule(r)
 
 
 def _main(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
