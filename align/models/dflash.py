@@ -59,20 +59,29 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """weight · x / sqrt(mean(x²) + eps), the normalisation in float32 (at least), returned in x's dtype."""
         dtype = x.dtype
-        x = x.to(torch.promote_types(dtype, torch.float32))
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        x = F.rms_norm(x.to(torch.promote_types(dtype, torch.float32)), x.shape[-1:], eps=self.eps)
         return self.weight * x.to(dtype)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (the half-split layout) of x (B, heads, S, d) at ``positions`` (B, S)."""
-    d, dtype = x.shape[-1], torch.promote_types(x.dtype, torch.float32)
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=dtype) / d))
+def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (B, 1, S, d) of the rotary embedding at ``positions`` (B, S), in ``dtype`` (at least float32):
+    computed once per pass, shared by every layer's queries and keys."""
+    dtype = torch.promote_types(dtype, torch.float32)
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype) / head_dim))
     angles = positions[:, None, :, None].to(dtype) * inv  # (B, 1, S, d / 2)
     angles = torch.cat([angles, angles], -1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotary embedding (the half-split layout) of x (B, heads, S, d) by the ``table`` of :func:`rotary`."""
+    cos, sin = table
+    d = x.shape[-1]
     half = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
-    return (x.to(dtype) * angles.cos() + half.to(dtype) * angles.sin()).to(x.dtype)
+    return (x.to(cos.dtype) * cos + half.to(cos.dtype) * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -80,7 +89,6 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads,
                                                     config.head_dim)
-        self.theta = rope_theta(config)
         h, bias = config.hidden_size, config.attention_bias
         self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=bias)
@@ -89,24 +97,23 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def keys_values(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys (rotated) and values (B, kv_heads, S, d) of rows x (B, S, H) at ``positions``."""
+    def keys_values(self, x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (rotated by ``table``, :func:`rotary` at their positions) and values (B, kv_heads, S, d) of rows x
+        (B, S, H)."""
         b, s, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        return rotate(k, positions, self.theta), v
+        return rotate(k, table), v
 
-    def forward(self, x, positions, context, mask):
+    def forward(self, x, table, context, mask):
         b, s, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim)).transpose(1, 2)
-        q = rotate(q, positions, self.theta)
-        k, v = self.keys_values(x, positions)
+        q = rotate(self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim)).transpose(1, 2), table)
+        k, v = self.keys_values(x, table)
         if context is not None:
             k, v = torch.cat([context[0], k], 2), torch.cat([context[1], v], 2)
-        repeat = self.heads // self.kv_heads
-        if repeat > 1:
-            k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # each key-value head serves heads / kv_heads query heads, read in place (no repeated copy of the context)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -128,8 +135,8 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h, positions, context, mask):
-        h = h + self.self_attn(self.input_layernorm(h), positions, context, mask)
+    def forward(self, h, table, context, mask):
+        h = h + self.self_attn(self.input_layernorm(h), table, context, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -166,7 +173,8 @@ class DFlashDraftModel(PreTrainedModel):
     def context(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, the keys and values (B, kv_heads, C, d) of the verifier's features (B, C, F) at ``positions``."""
         x = self.hidden_norm(self.fc(features))
-        return [layer.self_attn.keys_values(x, positions) for layer in self.layers]
+        table = rotary(positions, self.config.head_dim, rope_theta(self.config), x.dtype)
+        return [layer.self_attn.keys_values(x, table) for layer in self.layers]
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, context=None, mask: torch.Tensor | None = None,
                 features: torch.Tensor | None = None, feature_positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -175,8 +183,9 @@ class DFlashDraftModel(PreTrainedModel):
         if context is None and features is not None:
             context = self.context(features, feature_positions)
         h = embeds
+        table = rotary(positions, self.config.head_dim, rope_theta(self.config), h.dtype)
         for i, layer in enumerate(self.layers):
-            h = layer(h, positions, None if context is None else context[i], mask)
+            h = layer(h, table, None if context is None else context[i], mask)
         return self.norm(h)
 
 
