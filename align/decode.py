@@ -27,7 +27,8 @@ from align.verifier import ar_generate, eos_ids
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m align.decode", description=__doc__.split("\n\n")[0])
-    p.add_argument("--drafter", required=True, help="drafter path, hub name or zoo:NAME")
+    p.add_argument("--drafter", required=True, help="drafter path, hub name or zoo:NAME; or prompt lookup: "
+                   "ngram[:[MIN-]MAX][+PATH] (PATH's drafter where no n-gram of MIN..MAX tokens matches)")
     p.add_argument("--verifier", required=True, help="verifier path, hub name or zoo:NAME")
     p.add_argument("--family", default=None,
                    help=f"drafter family ({', '.join(FAMILIES)}); default: the folder's (meta.json), or detected")
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
 
     args = parse_args(argv)
     tree = None if args.tree is None else TreeShape.parse(args.tree)  # a bad shape: refused before any load
-    model = ngram.parse(args.drafter)[1] if ngram.is_spec(args.drafter) else args.drafter  # None: lookup alone
+    model = ngram.parse(args.drafter)[2] if ngram.is_spec(args.drafter) else args.drafter  # None: lookup alone
     if model is not None:  # both before either is built or loaded: what each config says it is
         check_drafter(model, args.family, args.trust_remote_code)
     check_model(args.verifier, "verifier")

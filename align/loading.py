@@ -28,6 +28,42 @@ from align.paths import model_path
 from align.paths import zoo_built
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+#: what a drafter may run in: a model dtype, or ``int8`` (:func:`int8_linears`: its linear layers' weights in int8,
+#: the rest float32; the CPU only)
+DRAFTER_DTYPES = ("float32", "bfloat16", "float16", "int8")
+
+
+def check_drafter_dtype(dtype: str, device: Any) -> None:
+    """Refuse a drafter dtype this toolkit cannot run on ``device`` (before anything is loaded)."""
+    if dtype not in DRAFTER_DTYPES:
+        raise AlignError(f"drafter dtype {dtype!r} is not one of {', '.join(DRAFTER_DTYPES)}")
+    if dtype == "int8" and torch.device(device or "cpu").type != "cpu":
+        raise AlignError(f"an int8 drafter runs on the CPU only (dynamically quantized linear layers), not on "
+                         f"{device}; on a GPU use --drafter-dtype bfloat16")
+
+
+def int8_linears(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` (float32, on the CPU) with every ``nn.Linear`` replaced by its dynamic int8 quantization: weights
+    int8 per output row, each call's activations quantized on the fly (torch.ao's fbgemm kernels). A drafter's
+    passes are a handful of rows through weights read from memory each block, so they cost what the weights weigh:
+    a quarter of float32's (docs/results.md, "An int8 drafter"). Only the drafter: its numbers change its drafts,
+    never which tokens the verifier keeps."""
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():  # torch.ao's notice that this API moves to torchao, and a per-tensor hint
+        warnings.simplefilter("ignore")
+        if isinstance(module, torch.nn.Linear):  # quantize_dynamic swaps a container's layers, not itself
+            return quantize_dynamic(torch.nn.Sequential(module), {torch.nn.Linear}, dtype=torch.qint8)[0]
+        return quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def is_int8(module: torch.nn.Module) -> bool:
+    """Whether :func:`int8_linears` quantized ``module``."""
+    from torch.ao.nn.quantized.dynamic import Linear
+
+    return any(isinstance(m, Linear) for m in module.modules())
 
 
 def _config(path: str, role: str, trust_remote_code: bool = False) -> Any:
@@ -63,21 +99,24 @@ def load_verifier_model(path: str, dtype: str = "float32", device: str | None = 
 
 def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_remote_code: bool = False,
                        device: str | None = None, hub_kernels: bool = False) -> tuple[Any, Any]:
-    """(drafter model, tokenizer) from ``path`` on ``device``, refusing a model that is not of ``family`` (one whose
+    """(drafter model, tokenizer) from ``path`` on ``device`` in ``dtype`` (one of :data:`DRAFTER_DTYPES`), refusing a model that is not of ``family`` (one whose
     config says it is another family's, or a causal language model given as a diffusion drafter);
     ``hub_kernels``: :func:`pretrained`."""
+    check_drafter_dtype(dtype, device)
     path = model_path(path)
     config = _config(path, "drafter", trust_remote_code)
     check_family(path, family, config.model_type, getattr(config, "architectures", None),
                  getattr(config, "is_decoder", False))
     try:
-        model = _weights(model_class(family, config), path, "drafter", hub_kernels, dtype=DTYPES[dtype],
-                         trust_remote_code=trust_remote_code)
+        model = _weights(model_class(family, config), path, "drafter", hub_kernels,
+                         dtype=DTYPES["float32" if dtype == "int8" else dtype], trust_remote_code=trust_remote_code)
     except ValueError as error:
         raise AlignError(f"the drafter '{path}' ({config.model_type}) cannot be loaded as a {family} model "
                          f"({str(error).splitlines()[0]}); check drafter.path and drafter.family") from None
     if device is not None:
         model.to(device)
+    if dtype == "int8":
+        int8_linears(model)
     return model.eval(), load_tokenizer(path, "drafter", trust_remote_code)
 
 

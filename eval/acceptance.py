@@ -38,7 +38,8 @@ from align.config import SelectionConfig, build_recipe
 from align.errors import AlignError, run_cli
 from align.files import write_text
 from align.drafters import load_drafter, ngram
-from align.loading import default_device, infer_family, load_verifier_model, trained_steps
+from align.loading import (DRAFTER_DTYPES, check_drafter_dtype, default_device, infer_family, load_verifier_model,
+                           trained_steps)
 from align.lossless import lossless_counts
 from align.metrics import now
 from align.prompts import encode_prompt, read_prompt_file
@@ -63,13 +64,14 @@ def comma_list(kind):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eval.acceptance", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ckpt", required=True, help="the (aligned) drafter: an exported folder or any drafter path")
+    p.add_argument("--ckpt", required=True, help="the (aligned) drafter: an exported folder, any drafter path, or "
+                   "prompt lookup: ngram[:[MIN-]MAX][+PATH] (PATH's drafter where no n-gram of MIN..MAX tokens matches)")
     p.add_argument("--baseline", default=None, help="drafter to compare with (default: meta.json's base drafter; "
                    "'none' to skip)")
     p.add_argument("--verifier", default=None, help="verifier path (default: meta.json's verifier)")
     p.add_argument("--drafter", action="append", default=[], metavar="LABEL=PATH", type=labelled,
-                   help="also measure this drafter, of any kind (its meta.json names its family, or it is detected), "
-                        "in the same loop, under LABEL (repeatable)")
+                   help="also measure this drafter, of any kind (its meta.json names its family, or it is detected; "
+                        "or ngram[:[MIN-]MAX][+PATH] as --ckpt takes it), in the same loop, under LABEL (repeatable)")
     p.add_argument("--ar-drafter", default=None, help="the same as --drafter ar=PATH (an autoregressive drafter from "
                    "python -m align.baseline train: standard speculative decoding)")
     p.add_argument("--dflash-drafter", default=None, help="the same as --drafter dflash=PATH (a feature-conditioned "
@@ -122,10 +124,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="weights of both models (default: the exported drafter's recipe's verifier.dtype, else "
                         "float32; in bfloat16 the lossless check tells near-ties from mismatches)")
-    p.add_argument("--drafter-dtype", default=None, choices=("float32", "bfloat16", "float16"),
+    p.add_argument("--drafter-dtype", default=None, choices=DRAFTER_DTYPES,
                    help="the drafters' weights, where they should differ from --dtype's (e.g. a bfloat16 verifier, "
-                        "whose passes over several positions cost little more than one on a CPU with AMX, beside a "
-                        "float32 drafter, whose small passes run faster in float32; default: --dtype)")
+                        "whose passes over several positions cost little more than one on a CPU with AMX, beside an "
+                        "int8 drafter: its linear layers' weights in int8, the rest float32, CPU only; a drafter's "
+                        "small passes cost what its weights weigh; default: --dtype)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: the accelerator when present)")
     p.add_argument("--hub-kernels", action="store_true", help="let transformers swap in kernels from the Hugging "
                    "Face Hub (needs the network or a filled kernel cache; off: the models' own code)")
@@ -169,7 +172,7 @@ def relaxed_rule(spec: str):
 
 def model_path(path: str) -> str | None:
     """The model folder a drafter path reads (None for prompt lookup alone: ``ngram``; ``ngram+PATH``: PATH)."""
-    return ngram.parse(path)[1] if ngram.is_spec(path) else path
+    return ngram.parse(path)[2] if ngram.is_spec(path) else path
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -190,6 +193,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise AlignError("--temperature values must be >= 0")
     if args.suite and args.prompts:
         raise AlignError("give either --suite or --prompts, not both")
+    if args.drafter_dtype:
+        check_drafter_dtype(args.drafter_dtype, args.device or default_device())
     args.rules = [relaxed_rule(spec) for spec in args.relaxed]  # each refused now, by name, when malformed
     labels = [label for label, _ in args.drafter]
     for label in labels:
@@ -253,7 +258,7 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]
 
 
 def resolve_lookup(args: argparse.Namespace) -> tuple[str, None, str, str]:
-    """:func:`resolve_models` for ``--ckpt ngram[:MAX][+PATH]``: the verifier is ``--verifier`` (or PATH's export
+    """:func:`resolve_models` for ``--ckpt ngram[:[MIN-]MAX][+PATH]``: the verifier is ``--verifier`` (or PATH's export
     names it), the drafter PATH (when given) is checked as any drafter is, and there is no baseline."""
     if args.engine == "vllm":
         raise AlignError(f"--engine vllm serves align's diffusion drafters; --ckpt {args.ckpt} is prompt lookup (vLLM "

@@ -336,3 +336,45 @@ def test_a_draft_vocabulary_drafts_only_its_tokens_and_decodes_exactly():
     SpeculativeDecoder(full, Verifier(verifier), []).generate(prompt, 20, 6)
     (_, a, _), (_, b, _) = drafted[0], full_rows[0]  # the first block: the same prefix for both
     torch.testing.assert_close(a[:, 0::2], b[:, 0::2].log_softmax(-1))  # the same rows, over the even tokens
+
+
+def test_an_int8_drafter_drafts_near_its_float_rows_and_decodes_exactly():
+    """``--drafter-dtype int8`` (align.loading.int8_linears): every linear layer of the drafter and its
+    draft-vocabulary head run in int8, the verifier's layers stay as they are; the rows stay close to float32's and
+    greedy output is still the verifier's."""
+    import copy
+
+    from align.loading import int8_linears, is_int8
+
+    verifier, model = pair(3, dtype=torch.float32)
+    model.config.dflash_config["draft_vocab"] = list(range(0, 64, 2))
+    exact = DFlashDrafter(model, verifier, 64)
+    quantized = DFlashDrafter(int8_linears(copy.deepcopy(model)), verifier, 64)
+    assert is_int8(quantized.model) and is_int8(quantized.draft_head) and not is_int8(exact.model)
+    assert not is_int8(verifier)  # the drafter shares the verifier's embeddings and head rows: copies, untouched
+    prompt = [7, 9, 11, 4, 21, 30]
+    rows = []
+    for drafter in (exact, quantized):
+        drafted = recorded(drafter)
+        out = SpeculativeDecoder(drafter, Verifier(verifier), []).generate(prompt, 30, 6)
+        assert out.tokens == ar_generate(verifier, prompt, 30, eos_token_ids=[])
+        rows.append(drafted[0][1])  # the first block: the same prefix for both
+    a, b = rows
+    assert torch.isinf(b[:, 1::2]).all()
+    assert (a[:, 0::2].exp() - b[:, 0::2].exp()).abs().max() < 0.01
+    assert not torch.equal(a, b)  # int8 arithmetic, not the float32 layers
+
+
+def test_the_drafter_pass_bench_times_every_dtype(model_dirs, tmp_path):
+    """bench/drafter_pass.py (the int8 drafter's figure in docs/results.md) runs on a tiny pair, every dtype."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "pass.json"
+    subprocess.run([sys.executable, "bench/drafter_pass.py", "--drafter", str(model_dirs["dflash"]), "--verifier",
+                    str(model_dirs["verifier"]), "--verifier-dtype", "float32", "--dtype", "float32,int8",
+                    "--prefix", "6,20", "--reps", "4", "--trim", "1", "--warmup", "1", "--out", str(out)],
+                   check=True, capture_output=True, text=True)
+    table = json.loads(out.read_text())["ms_per_pass"]
+    assert set(table) == {"6", "20"} and all(set(row) == {"float32", "int8"} for row in table.values())
+    assert all(ms > 0 for row in table.values() for ms in row.values())

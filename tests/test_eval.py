@@ -229,7 +229,8 @@ def test_alternatives_run_in_the_same_loop_with_their_calls_counted(exported, wo
 @pytest.mark.parametrize("flags, message", [
     (["--drafter", "assisted 2=x"], "taken"),
     (["--prompt-lookup", "0"], "1 or more"),
-    (["--assistant-tokens", "3"], "give the assistant too")])
+    (["--assistant-tokens", "3"], "give the assistant too"),
+    (["--drafter-dtype", "int8", "--device", "cuda"], "CPU only")])
 def test_alternatives_refuse_bad_flags_before_any_model_loads(exported, flags, message, capsys):
     with pytest.raises(AlignError, match=message):
         evaluate(["--ckpt", str(exported), "--suite", "tinyworld", *flags])

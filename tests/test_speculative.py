@@ -349,6 +349,19 @@ def test_lookup_takes_the_most_recent_match_of_the_longest_suffix():
     assert lookup([4, 4, 4], 5) == [4]  # the occurrence just before the suffix: one token follows it
 
 
+def test_lookup_spec_names_the_shortest_and_longest_ngram():
+    from align.drafters.ngram import lookup, parse
+    from align.errors import AlignError
+
+    assert parse("ngram") == (1, 3, None) and parse("ngram:5") == (1, 5, None)
+    assert parse("ngram:2-3+runs/x/final") == (2, 3, "runs/x/final")
+    for bad in ("ngram:3-2", "ngram:0-2", "ngram:a-3"):
+        with pytest.raises(AlignError, match="n-gram lengths"):
+            parse(bad)
+    ids = [1, 2, 3, 9, 5, 6, 3]  # only "3" repeats: a one-token match
+    assert lookup(ids, 2, max_ngram=3) == [9, 5] and lookup(ids, 2, max_ngram=3, min_ngram=2) == []
+
+
 def test_prompt_lookup_and_its_fallback_decode_exactly_what_the_verifier_does():
     """Prompt lookup (drafts of any length, none where nothing matches) and lookup falling back to a trained
     drafter, over random pairs whose prompts repeat themselves: every output is the verifier's, and the drafts

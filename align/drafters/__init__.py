@@ -58,16 +58,16 @@ def load_drafter(path: str, verifier: str, verifier_model: Any = None, *, family
     ``family`` defaults to what the folder says (an export's meta.json, else its config); the drafter's tokenizer
     must agree with the verifier's (``verifier_tokenizer``, loaded from ``verifier`` when not given) on every
     verifier token. ``verifier_model`` is the loaded verifier, which a dflash drafter reads. ``ngram`` (or
-    ``ngram:MAX``) is prompt lookup, no model; ``ngram[:MAX]+PATH`` looks up first and falls back to PATH's drafter.
+    ``ngram:MAX``, ``ngram:MIN-MAX``) is prompt lookup, no model; ``ngram[:MIN-MAX]+PATH`` looks up first and falls back to PATH's drafter.
     """
     if device is None:
         device = next(verifier_model.parameters()).device if verifier_model is not None else "cpu"
     if ngram.is_spec(path):
-        max_ngram, rest = ngram.parse(path)
+        min_ngram, max_ngram, rest = ngram.parse(path)
         if verifier_tokenizer is None:
             verifier_tokenizer = load_tokenizer(model_path(verifier), "verifier")
         vocab = shared_vocab_size(verifier_tokenizer, verifier_tokenizer, verifier, verifier)
-        lookup = ngram.NGramDrafter(vocab, max_ngram, device=device)
+        lookup = ngram.NGramDrafter(vocab, max_ngram, min_ngram, device=device)
         if rest is None:
             return lookup
         return ngram.FallbackDrafter(lookup, load_drafter(

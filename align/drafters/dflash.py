@@ -23,6 +23,7 @@ import torch
 from align.dflash.batch import chunks
 from align.drafters.base import DrafterKind
 from align.errors import AlignError
+from align.loading import int8_linears, is_int8
 
 FAMILY = "dflash"
 
@@ -46,11 +47,7 @@ class DFlashDrafter(DrafterKind):
         self.draft_vocab = None  # the token ids it proposes (its head: those rows of the verifier's); None: all
         if self.config.draft_vocab:
             self.draft_vocab = torch.tensor(self.config.draft_vocab, device=self.device)
-            # in the drafter's dtype: a bfloat16 verifier's rows times a handful of float32 hidden states ran 5x
-            # slower in bfloat16 on this CPU (6.7 ms a block against 1.3; docs/results.md)
-            dtype = next(model.parameters()).dtype
-            self.head_rows = self.head.weight[self.draft_vocab].detach().to(dtype)
-            self.head_bias = None if self.head.bias is None else self.head.bias[self.draft_vocab].detach().to(dtype)
+        self.draft_head = self._draft_head(model)
         self.verifier = None
         self.draft: torch.Tensor | None = None  # T > 1: the block as drafted, which the loop must verify
         self.reset()
@@ -58,6 +55,22 @@ class DFlashDrafter(DrafterKind):
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def _draft_head(self, model: Any) -> torch.nn.Linear | None:
+        """The verifier's head rows of the draft vocabulary, as a linear layer in the drafter's dtype (a bfloat16
+        verifier's rows times a handful of float32 hidden states ran 5x slower in bfloat16 on this CPU: 6.7 ms a
+        block against 1.3; docs/results.md), int8 beside an int8 drafter; None: the verifier's whole head."""
+        if self.draft_vocab is None:
+            return None
+        rows = self.head.weight[self.draft_vocab].detach()
+        head = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=self.head.bias is not None, device=self.device,
+                               dtype=self.model.dtype)
+        with torch.no_grad():
+            head.weight.copy_(rows)
+            if self.head.bias is not None:
+                head.bias.copy_(self.head.bias[self.draft_vocab])
+        head.requires_grad_(False)
+        return int8_linears(head) if is_int8(model) else head
 
     def bind(self, verifier: Any) -> None:
         """Read the features ``verifier`` records (its ``record`` must be on the drafter's layers)."""
@@ -92,8 +105,7 @@ class DFlashDrafter(DrafterKind):
         rows only, -inf for the other tokens)."""
         if self.draft_vocab is None:
             return self.head(hidden.to(self.head.weight.dtype))[..., :self.vocab_size].float().log_softmax(-1)
-        small = torch.nn.functional.linear(hidden.to(self.head_rows.dtype), self.head_rows,
-                                           self.head_bias).float().log_softmax(-1)
+        small = self.draft_head(hidden.to(self.model.dtype)).float().log_softmax(-1)
         full = torch.full((*small.shape[:-1], self.vocab_size), -torch.inf, device=small.device)
         return full.scatter_(-1, self.draft_vocab.expand(*small.shape[:-1], -1), small)
 

@@ -37,7 +37,8 @@ def lookup(ids: list[int], gamma: int, max_ngram: int = 3, min_ngram: int = 1) -
 
 
 class NGramDrafter(DrafterKind):
-    """Drafts by prompt lookup; ``spec`` ``ngram`` or ``ngram:MAX`` (the longest n-gram looked up, default 3)."""
+    """Drafts by prompt lookup; ``spec`` ``ngram``, ``ngram:MAX`` or ``ngram:MIN-MAX`` (the n-grams looked up,
+    default 1 to 3)."""
 
     family = FAMILY
 
@@ -71,7 +72,7 @@ class NGramDrafter(DrafterKind):
 
 
 class FallbackDrafter(DrafterKind):
-    """Prompt lookup where the context holds a match, the trained drafter elsewhere (``ngram+PATH``)."""
+    """Prompt lookup where the context holds a match, the trained drafter elsewhere (``ngram[:MIN-MAX]+PATH``)."""
 
     def __init__(self, lookup_drafter: NGramDrafter, drafter: DrafterKind):
         self.lookup, self.drafter = lookup_drafter, drafter
@@ -107,21 +108,26 @@ class FallbackDrafter(DrafterKind):
         return rows
 
 
-def parse(spec: str) -> tuple[int, str | None]:
-    """``ngram[:MAX][+PATH]`` -> (the longest n-gram looked up, the trained drafter's path or None)."""
+def parse(spec: str) -> tuple[int, int, str | None]:
+    """``ngram[:[MIN-]MAX][+PATH]`` -> (the shortest and the longest n-gram looked up, the trained drafter's path or
+    None). ``ngram:2-3`` drafts only where the prefix's last 2 or 3 tokens occur earlier (a one-token match is often
+    a poor draft: with a drafter to fall back on, it may draft better)."""
     head, _, path = spec.partition("+")
     name, _, size = head.partition(":")
     if name != FAMILY:
-        raise AlignError(f"'{spec}' is not an n-gram drafter; write ngram, ngram:MAX or ngram[:MAX]+PATH")
+        raise AlignError(f"'{spec}' is not an n-gram drafter; write ngram, ngram:MAX, ngram:MIN-MAX or "
+                         "ngram[:MIN-MAX]+PATH")
+    low, _, high = size.rpartition("-")
     try:
-        max_ngram = int(size) if size else 3
+        max_ngram = int(high) if high else 3
+        min_ngram = int(low) if low else 1
     except ValueError:
-        raise AlignError(f"'{spec}': the longest n-gram must be a whole number (e.g. ngram:3)") from None
-    if max_ngram < 1:
-        raise AlignError(f"'{spec}': the longest n-gram must be at least 1")
-    return max_ngram, path or None
+        raise AlignError(f"'{spec}': the n-gram lengths must be whole numbers (e.g. ngram:3 or ngram:2-3)") from None
+    if not 1 <= min_ngram <= max_ngram:
+        raise AlignError(f"'{spec}': the n-gram lengths need 1 <= MIN <= MAX (e.g. ngram:2-3)")
+    return min_ngram, max_ngram, path or None
 
 
 def is_spec(path: str) -> bool:
-    """Whether a drafter path names the n-gram drafter (``ngram``, ``ngram:MAX``, ``ngram...+PATH``)."""
+    """Whether a drafter path names the n-gram drafter (``ngram``, ``ngram:MAX``, ``ngram:MIN-MAX``, ``ngram...+PATH``)."""
     return path == FAMILY or path.startswith((f"{FAMILY}:", f"{FAMILY}+"))
