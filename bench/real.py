@@ -10,7 +10,8 @@ Stages, each timed (``runs/real/stages.json``):
 2. the headline of each pair that has one (its record's ``headline``, align/zoo/pairs.py; SmolLM2's): rollouts of
    its recipe (in ``.venv-vllm`` where the recipe rolls out with vLLM), its labelled text where the recipe has
    ``data.text`` (``python -m align.labels``), the shipped drafter trained on them, an
-   autoregressive assistant trained on the same rollouts for the same time (``python -m align.baseline train``),
+   autoregressive assistant trained on the same rollouts (``python -m align.baseline train``; for the time its
+   record's ``assistant_args`` give, SmolLM2's 15 minutes, else the drafter's training time),
    and one interleaved ``eval.acceptance`` run on Spec-Bench (``--headline-per-category`` questions of each
    category, ``--headline-tokens`` new tokens, greedy) of the drafters against transformers' ``generate``, prompt
    lookup and assisted generation with that assistant;
@@ -102,7 +103,7 @@ def rollouts(stage: str, recipe: str, times: dict) -> None:
 
 def headline(pair: str, per_category: int, tokens: int, times: dict, train: bool) -> None:
     """The pair's headline: its shipped drafter trained on its rollouts, the autoregressive assistant trained on the
-    same rollouts for the same time, and one interleaved Spec-Bench run of both against generate, prompt lookup and
+    same rollouts (for the record's ``--seconds``, else the drafter's training time), and one interleaved Spec-Bench run of both against generate, prompt lookup and
     assisted generation (eval.acceptance --interleave)."""
     h = PAIRS[pair].headline
     run_dir = f"runs/{Path(h.recipe).stem}"
@@ -111,8 +112,9 @@ def headline(pair: str, per_category: int, tokens: int, times: dict, train: bool
         if load_recipe(str(ROOT / h.recipe)).data.text:  # labelled text: its own stage
             run(f"labels {pair} headline", [sys.executable, "-m", "align.labels", h.recipe], times)
         run(f"align {pair} headline", [sys.executable, "align/train.py", h.recipe], times)
-        # for the drafter's training time (its optimizer steps, from the run's metrics.jsonl: align.baseline's
-        # default), so that a rerun that resumes a finished run cannot shrink the assistant's budget
+        # without --seconds in the record's arguments: for the drafter's training time (its optimizer steps, from the
+        # run's metrics.jsonl: align.baseline's default), so that a rerun that resumes a finished run cannot shrink
+        # the assistant's budget
         run(f"assistant {pair}", [sys.executable, "-m", "align.baseline", "train", "--run", run_dir,
                                   "--out", h.assistant_out, "--init", h.assistant_init, *h.assistant_args], times)
     run(f"eval {pair} headline",
