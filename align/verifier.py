@@ -55,6 +55,7 @@ class Verifier:
         self._last: tuple[int, torch.Tensor] | None = None  # (pending length, drafts) of the last score call
         self.tap: FeatureTap | None = None  # record(): the layers whose hidden states are kept
         self.features: torch.Tensor | None = None  # (positions run and kept, F) while recording
+        self._feature_buffer: torch.Tensor | None = None  # the storage features is the first rows of
         self._rows: tuple[int, torch.Tensor] | None = None  # (first position, features) of the last score call
 
     def record(self, layers: list[int] | None) -> None:
@@ -65,6 +66,7 @@ class Verifier:
         self.features = None if self.tap is None else self._no_features()
 
     def _no_features(self) -> torch.Tensor:
+        self._feature_buffer = None
         width = len(self.tap.layers) * self.model.config.get_text_config().hidden_size
         return torch.zeros((0, width), dtype=self.model.dtype, device=self.device)
 
@@ -127,6 +129,12 @@ class Verifier:
             n, size = len(self.pending), len(tree)
             pending = torch.tensor(self.pending, device=self.device)
             ids = torch.cat([pending, tree.tokens])[None]
+            if tree.parents.tolist() == list(range(-1, size - 1)):  # one path (a chain): the model's causal mask and
+                logits = self._forward(ids, size + 1)[0]  # positions are the tree's; no mask to build or apply
+                self._last = (n, tree)
+                if self.tap is not None:
+                    self._rows = (self.cached, self.tap.take())
+                return logits.float()
             allowed = torch.zeros((n + size, self.cached + n + size), dtype=torch.bool, device=self.device)
             allowed[:, :self.cached + n] = True
             allowed[:n, self.cached:self.cached + n] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
@@ -158,7 +166,7 @@ class Verifier:
         if self.tap is not None:
             start, rows = self._rows
             kept = torch.cat([rows[0, :n], rows[0, n + torch.tensor(path, dtype=torch.long, device=rows.device)]])
-            self.features = torch.cat([self.features[:start], kept])
+            self._keep_rows(start, kept)
         self.cached += n + len(path)
         self.pending = [next_token]
 
@@ -215,7 +223,20 @@ class Verifier:
             kept = torch.cat([rows[0, :n], rows[0, n + index * gamma:n + index * gamma + accepted]])
         else:
             kept = rows[index, :n + accepted]
-        self.features = torch.cat([self.features[:start], kept])
+        self._keep_rows(start, kept)
+
+    def _keep_rows(self, start: int, kept: torch.Tensor) -> None:
+        """``features`` becomes its first ``start`` rows followed by ``kept``, written into a buffer that grows by
+        doubling (``features`` is a view of it): a block copies its own rows, not the whole sequence's."""
+        end = start + kept.shape[0]
+        buffer = self._feature_buffer
+        if buffer is None or buffer.shape[0] < end:
+            grown = torch.empty((max(end, 256, 2 * (0 if buffer is None else buffer.shape[0])), kept.shape[1]),
+                                dtype=kept.dtype, device=kept.device)
+            grown[:start] = self.features[:start]
+            self._feature_buffer = buffer = grown
+        buffer[start:end] = kept
+        self.features = buffer[:end]
 
 
 @dataclass

@@ -378,3 +378,33 @@ def test_the_drafter_pass_bench_times_every_dtype(model_dirs, tmp_path):
     table = json.loads(out.read_text())["ms_per_pass"]
     assert set(table) == {"6", "20"} and all(set(row) == {"float32", "int8"} for row in table.values())
     assert all(ms > 0 for row in table.values() for ms in row.values())
+
+
+def test_the_kept_features_are_one_pass_over_the_kept_sequence():
+    """``Verifier.record`` keeps, block after block — chains, trees, rejected drafts, past its buffer's first 256
+    rows — exactly the hidden states one pass over the kept sequence gives (what the drafter reads as its context)."""
+    from align.features import FeatureTap
+    from align.trees import TreeShape
+
+    verifier = verifier_model(64, hidden=32, layers=3, heads=2, max_len=1024, seed=4).double().eval()
+    model = dflash_model(verifier.config, [0, 1], MASK, layers=1, intermediate=64, kv_heads=1, seed=104).double()
+    drafter = DFlashDrafter(model.eval(), verifier, 64)
+    checker = Verifier(verifier)
+    snapshots = []
+    original = drafter.marginals
+
+    def snapshot(prefix, gamma, *args, **kwargs):
+        snapshots.append((prefix[0].tolist(), checker.features.clone()))
+        return original(prefix, gamma, *args, **kwargs)
+
+    drafter.marginals = snapshot
+    rng = random.Random(0)
+    for tree in (None, TreeShape(6, 4, 2)):
+        prompt = [rng.randrange(4, 64) for _ in range(240)]
+        SpeculativeDecoder(drafter, checker, []).generate(prompt, 60, 4, tree=tree)
+    assert max(features.shape[0] for _, features in snapshots) > 256
+    for prefix, features in snapshots[::7] + snapshots[-1:]:
+        with FeatureTap(verifier, [0, 1]) as tap, torch.no_grad():
+            verifier(input_ids=torch.tensor([prefix[:-1]]))
+            expected = tap.take()[0]
+        torch.testing.assert_close(features[:len(prefix) - 1], expected)
