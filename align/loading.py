@@ -99,8 +99,9 @@ def load_verifier_model(path: str, dtype: str = "float32", device: str | None = 
 
 def load_drafter_model(path: str, family: str, dtype: str = "float32", trust_remote_code: bool = False,
                        device: str | None = None, hub_kernels: bool = False) -> tuple[Any, Any]:
-    """(drafter model, tokenizer) from ``path`` on ``device`` in ``dtype`` (one of :data:`DRAFTER_DTYPES`), refusing a model that is not of ``family`` (one whose
-    config says it is another family's, or a causal language model given as a diffusion drafter);
+    """(drafter model, tokenizer) from ``path`` on ``device`` in ``dtype`` (one of :data:`DRAFTER_DTYPES`), refusing
+    a model that is not of ``family`` (one whose config says it is another family's, or a causal language model
+    given as a diffusion drafter);
     ``hub_kernels``: :func:`pretrained`."""
     check_drafter_dtype(dtype, device)
     path = model_path(path)

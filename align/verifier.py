@@ -129,25 +129,26 @@ class Verifier:
             n, size = len(self.pending), len(tree)
             pending = torch.tensor(self.pending, device=self.device)
             ids = torch.cat([pending, tree.tokens])[None]
-            if tree.parents.tolist() == list(range(-1, size - 1)):  # one path (a chain): the model's causal mask and
-                logits = self._forward(ids, size + 1)[0]  # positions are the tree's; no mask to build or apply
-                self._last = (n, tree)
-                if self.tap is not None:
-                    self._rows = (self.cached, self.tap.take())
-                return logits.float()
-            allowed = torch.zeros((n + size, self.cached + n + size), dtype=torch.bool, device=self.device)
-            allowed[:, :self.cached + n] = True
-            allowed[:n, self.cached:self.cached + n] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-            allowed[n:, self.cached + n:] = tree.ancestors()
-            dtype = self.model.dtype
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed,
-                                                                                            torch.finfo(dtype).min)
-            positions = self.cached + torch.cat([torch.arange(n, device=self.device), n - 1 + tree.depth])
-            logits = self._forward(ids, size + 1, attention_mask=mask[None, None], position_ids=positions[None])[0]
+            # one path (a chain): the model's own causal mask and positions are the tree's; no mask to build or apply
+            chain = tree.parents.tolist() == list(range(-1, size - 1))
+            logits = self._forward(ids, size + 1, **({} if chain else self._tree_mask(n, tree)))[0]
             self._last = (n, tree)
             if self.tap is not None:
                 self._rows = (self.cached, self.tap.take())
             return logits.float()
+
+    def _tree_mask(self, n: int, tree: Any) -> dict[str, torch.Tensor]:
+        """The additive mask (1, 1, n + N, cached + n + N) and position ids of ``n`` pending tokens and ``tree``: each
+        node sees the cache, the pending tokens and its ancestors, at the position its depth gives it."""
+        size = len(tree)
+        allowed = torch.zeros((n + size, self.cached + n + size), dtype=torch.bool, device=self.device)
+        allowed[:, :self.cached + n] = True
+        allowed[:n, self.cached:self.cached + n] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        allowed[n:, self.cached + n:] = tree.ancestors()
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
+        positions = self.cached + torch.cat([torch.arange(n, device=self.device), n - 1 + tree.depth])
+        return {"attention_mask": mask[None, None], "position_ids": positions[None]}
 
     def commit_tree(self, path: list[int], next_token: int) -> None:
         """Keep the pending tokens and the tree nodes of ``path`` (their keys and values stay in the cache, as a

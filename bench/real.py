@@ -103,7 +103,8 @@ def rollouts(stage: str, recipe: str, times: dict) -> None:
 
 def headline(pair: str, per_category: int, tokens: int, times: dict, train: bool) -> None:
     """The pair's headline: its shipped drafter trained on its rollouts, the autoregressive assistant trained on the
-    same rollouts (for the record's ``--seconds``, else the drafter's training time), and one interleaved Spec-Bench run of both against generate, prompt lookup and
+    same rollouts (for the record's ``--seconds``, else the drafter's training time), and one interleaved Spec-Bench
+    run of both against generate, prompt lookup and
     assisted generation (eval.acceptance --interleave)."""
     h = PAIRS[pair].headline
     run_dir = f"runs/{Path(h.recipe).stem}"

@@ -58,7 +58,8 @@ def load_drafter(path: str, verifier: str, verifier_model: Any = None, *, family
     ``family`` defaults to what the folder says (an export's meta.json, else its config); the drafter's tokenizer
     must agree with the verifier's (``verifier_tokenizer``, loaded from ``verifier`` when not given) on every
     verifier token. ``verifier_model`` is the loaded verifier, which a dflash drafter reads. ``ngram`` (or
-    ``ngram:MAX``, ``ngram:MIN-MAX``) is prompt lookup, no model; ``ngram[:MIN-MAX]+PATH`` looks up first and falls back to PATH's drafter.
+    ``ngram:MAX``, ``ngram:MIN-MAX``) is prompt lookup, no model; ``ngram[:MIN-MAX]+PATH`` looks up first and falls
+    back to PATH's drafter.
     """
     if device is None:
         device = next(verifier_model.parameters()).device if verifier_model is not None else "cpu"

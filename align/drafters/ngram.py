@@ -129,5 +129,6 @@ def parse(spec: str) -> tuple[int, int, str | None]:
 
 
 def is_spec(path: str) -> bool:
-    """Whether a drafter path names the n-gram drafter (``ngram``, ``ngram:MAX``, ``ngram:MIN-MAX``, ``ngram...+PATH``)."""
+    """Whether a drafter path names the n-gram drafter (``ngram``, ``ngram:MAX``, ``ngram:MIN-MAX``,
+    ``ngram...+PATH``)."""
     return path == FAMILY or path.startswith((f"{FAMILY}:", f"{FAMILY}+"))
