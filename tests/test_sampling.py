@@ -116,17 +116,22 @@ def test_the_two_sample_check_tells_one_distribution_from_another():
     assert homogeneity(Counter({0: 3, 1: 2}), Counter({0: 2, 1: 3}))[1] == 1  # too few samples: merged into one
 
 
-def test_prompt_lookup_samples_match_the_verifier():
+@pytest.mark.parametrize("mixed, tree", [(False, None), (True, None), (True, "4x2")])
+def test_prompt_lookup_samples_match_the_verifier(mixed, tree):
     """Sampling with prompt lookup (one-hot rows: the draft is deterministic given the prefix) follows the
-    verifier's distribution, and drafts were made: the prompt repeats, so lookup proposes at every step."""
-    from align.drafters.ngram import NGramDrafter
+    verifier's distribution, and drafts were made: the prompt repeats, so lookup proposes at every step. So does
+    the match mixed into a drafter's rows (ngram@W+PATH: the draft drawn from the mixture), as a chain and a tree."""
+    from align.drafters.ngram import FallbackDrafter, NGramDrafter
+    from align.trees import TreeShape
     from stubs import StubCausalLM
 
     verifier = StubCausalLM(V, seed=3)
     prompt = [4, 5, 6, 4, 5, 6, 4, 5, 6]
     probs = exact_distribution(verifier, 1.0, prompt)
-    decoder = SpeculativeDecoder(NGramDrafter(V, 3), Verifier(verifier), eos_token_ids=None)
-    outs = [decoder.generate(prompt, N_TOKENS, gamma=2, temperature=1.0, seed=s) for s in range(6000)]
+    drafter = FallbackDrafter(NGramDrafter(V, 3), models()[1], 0.6) if mixed else NGramDrafter(V, 3)
+    decoder = SpeculativeDecoder(drafter, Verifier(verifier), eos_token_ids=None)
+    shape = tree and TreeShape.parse(tree)
+    outs = [decoder.generate(prompt, N_TOKENS, gamma=2, temperature=1.0, seed=s, tree=shape) for s in range(6000)]
     counts = Counter(tuple(o.tokens) for o in outs)
     assert chi_square_p(counts, probs, len(outs)) > 1e-3
     assert sum(b.gamma for o in outs for b in o.stats.blocks) > len(outs)  # lookup drafted

@@ -353,10 +353,14 @@ def test_lookup_spec_names_the_shortest_and_longest_ngram():
     from align.drafters.ngram import lookup, parse
     from align.errors import AlignError
 
-    assert parse("ngram") == (1, 3, None) and parse("ngram:5") == (1, 5, None)
-    assert parse("ngram:2-3+runs/x/final") == (2, 3, "runs/x/final")
+    assert parse("ngram") == (1, 3, None, 1.0) and parse("ngram:5") == (1, 5, None, 1.0)
+    assert parse("ngram:2-3+runs/x/final") == (2, 3, "runs/x/final", 1.0)
+    assert parse("ngram:3@0.25+runs/x/final") == (1, 3, "runs/x/final", 0.25)
     for bad in ("ngram:3-2", "ngram:0-2", "ngram:a-3"):
         with pytest.raises(AlignError, match="n-gram lengths"):
+            parse(bad)
+    for bad in ("ngram@0.5", "ngram:3@0+x", "ngram@1.5+x", "ngram@half+x"):  # no drafter to mix into, W out of (0, 1]
+        with pytest.raises(AlignError, match="@W"):
             parse(bad)
     ids = [1, 2, 3, 9, 5, 6, 3]  # only "3" repeats: a one-token match
     assert lookup(ids, 2, max_ngram=3) == [9, 5] and lookup(ids, 2, max_ngram=3, min_ngram=2) == []
@@ -373,8 +377,9 @@ def test_prompt_lookup_and_its_fallback_decode_exactly_what_the_verifier_does():
         verifier = tiny_verifier(seed)
         greedy = ar_generate(verifier, [5, 9, 17], 30, eos_token_ids=[])
         for gamma in (1, 4, 16):
-            for drafter in (NGramDrafter(VOCAB, 3), FallbackDrafter(NGramDrafter(VOCAB, 2),
-                                                                    EchoDrafter(verifier, VOCAB, 0.3, seed))):
+            for drafter in (NGramDrafter(VOCAB, 3),
+                            FallbackDrafter(NGramDrafter(VOCAB, 2), EchoDrafter(verifier, VOCAB, 0.3, seed)),
+                            FallbackDrafter(NGramDrafter(VOCAB, 2), EchoDrafter(verifier, VOCAB, 0.3, seed), 0.4)):
                 rng = random.Random(seed * 31 + gamma)
                 prompt = greedy[:rng.randrange(8, 20)] + [5, 9, 17]  # the verifier's own text: lookup can hit
                 expected = ar_generate(verifier, prompt, 40, eos_token_ids=[])
@@ -384,6 +389,57 @@ def test_prompt_lookup_and_its_fallback_decode_exactly_what_the_verifier_does():
                 accepted += [(b.accepted, b.gamma) for b in out.stats.blocks if b.gamma]
     assert 0 in lengths and 16 in lengths and any(0 < g < 16 for g in lengths)
     assert any(a == g for a, g in accepted) and any(a < g for a, g in accepted)
+
+
+class FixedRows:
+    """A drafter whose rows are given (independent given the prefix); counts its calls."""
+
+    family, verifier_layers, draft, device = "fixed", None, None, torch.device("cpu")
+
+    def __init__(self, logq: torch.Tensor):
+        self.logq, self.vocab_size, self.calls = logq, logq.shape[-1], 0
+
+    def reset(self):
+        pass
+
+    def marginals(self, prefix, gamma, steps=1, temperature=0.0, generator=None):
+        self.calls += 1
+        return self.logq[None, :gamma]
+
+
+def test_a_mixed_match_is_a_distribution_whose_tree_holds_the_match_and_the_drafters_guess():
+    """ngram@W+PATH: where the context matches, row j is W·onehot(match_j) + (1 − W)·q_j (each row sums to 1), the
+    rows after the match are the drafter's own, and an 8-node tree holds the whole match as a path and the drafter's
+    likeliest first token beside it; W 1 drafts the match alone without asking the drafter; a drafter whose rows
+    hang on its own draft (steps > 1) is refused."""
+    from align.drafters.ngram import FallbackDrafter, NGramDrafter
+    from align.errors import AlignError
+    from align.trees import TreeShape, tree_from_marginals
+
+    q = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(0)).mul(3).log_softmax(-1)
+    prefix = torch.tensor([[7, 8, 9, 10, 11, 7, 8]])  # "7 8" occurred before: the match is 9 10 11 7 8
+    match = [9, 10, 11, 7, 8]
+    mixed = FallbackDrafter(NGramDrafter(VOCAB, 3), FixedRows(q), 0.7)
+    rows = mixed.marginals(prefix, 6)[0]
+    assert torch.allclose(rows.exp().sum(-1), torch.ones(6), atol=1e-5)
+    for j, token in enumerate(match):
+        assert torch.isclose(rows[j, token].exp(), 0.7 + 0.3 * q[j, token].exp(), atol=1e-6)
+        other = torch.arange(VOCAB) != token
+        assert torch.allclose(rows[j, other].exp(), 0.3 * q[j, other].exp(), atol=1e-6)
+    assert torch.equal(rows[5], q[5]) and mixed.looked_up == 1 and mixed.draft is None
+    tree = tree_from_marginals(rows, TreeShape(8, 6, 2))
+    paths = [tree.tokens[tree.path(i)].tolist() for i in range(len(tree))]
+    assert match in paths
+    guess = int(q[0].argmax()) if int(q[0].argmax()) != match[0] else int(q[0].topk(2).indices[1])
+    assert [guess] in paths  # the drafter's likeliest other first token
+    alone = FallbackDrafter(NGramDrafter(VOCAB, 3), FixedRows(q))
+    assert alone.marginals(prefix, 6)[0].exp().max(-1).values.tolist() == [1.0] * 5 and alone.drafter.calls == 0
+    nothing = torch.tensor([[1, 2, 3, 4]])  # no repeat: the drafter's rows as they are
+    assert torch.equal(mixed.marginals(nothing, 6)[0], q)
+    drawn = FixedRows(q)
+    drawn.draft = q.argmax(-1)[None]
+    with pytest.raises(AlignError, match="steps 1"):
+        FallbackDrafter(NGramDrafter(VOCAB, 3), drawn, 0.5).marginals(prefix, 6)
 
 
 def test_the_stop_rule_ends_blocks_where_the_drafter_is_unsure_and_decodes_exactly():

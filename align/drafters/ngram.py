@@ -9,11 +9,18 @@ the loop, so that it runs beside the trained drafters in the same loop and can c
 Its rows are one-hot at the drafted tokens: the draft is deterministic given the prefix, so speculative sampling
 accepts token x with probability p(x) and resamples from p without x at a rejection, which is exactly the
 verifier's distribution.
+
+With a trained drafter beside it (:class:`FallbackDrafter`), ``ngram+PATH`` drafts the match where there is one and
+asks the drafter elsewhere; ``ngram@W+PATH`` asks the drafter every block and mixes the two: where the context
+matches, row j is W·onehot(match_j) + (1 − W)·q_j, so a token tree keeps the match as its spine and grows the
+drafter's likeliest tokens beside it where the match may be wrong (W between 0 and 1: how far the match is
+trusted; W 1 is ``ngram+PATH``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 import torch
 
@@ -72,10 +79,19 @@ class NGramDrafter(DrafterKind):
 
 
 class FallbackDrafter(DrafterKind):
-    """Prompt lookup where the context holds a match, the trained drafter elsewhere (``ngram[:MIN-MAX]+PATH``)."""
+    """Prompt lookup where the context holds a match, the trained drafter elsewhere (``ngram[:MIN-MAX]+PATH``); with
+    ``trust`` W < 1 (``ngram@W+PATH``) the drafter drafts every block and a match is mixed into its rows:
 
-    def __init__(self, lookup_drafter: NGramDrafter, drafter: DrafterKind):
-        self.lookup, self.drafter = lookup_drafter, drafter
+        log q'_j = log(W · 1[x = match_j] + (1 − W) · q_j(x))   for j < len(match),   log q_j elsewhere.
+
+    Each q'_j is a distribution, so a draft drawn from q' (or a tree grown from it) is verified exactly as any
+    drafter's; the drafter's rows must be independent given the prefix (one pass: steps 1)."""
+
+    def __init__(self, lookup_drafter: NGramDrafter, drafter: DrafterKind, trust: float = 1.0):
+        if not 0 < trust <= 1:
+            raise AlignError(f"the n-gram match's trust W must be in (0, 1], got {trust}: ngram@0.5+PATH mixes it "
+                             "with the drafter's rows, ngram+PATH (W 1) drafts it alone")
+        self.lookup, self.drafter, self.trust = lookup_drafter, drafter, trust
         self.family = f"{FAMILY}+{drafter.family}"
         self.vocab_size = drafter.vocab_size
         self.verifier_layers = drafter.verifier_layers
@@ -99,24 +115,44 @@ class FallbackDrafter(DrafterKind):
 
     def marginals(self, prefix, gamma, steps=1, temperature=0.0, generator=None):
         rows = self.lookup.marginals(prefix, gamma, steps, temperature, generator)
-        if rows.shape[1]:
+        found = rows.shape[1]
+        self.looked_up += bool(found)
+        if found and self.trust == 1:
             self.draft = self.lookup.draft
-            self.looked_up += 1
             return rows
-        rows = self.drafter.marginals(prefix, gamma, steps, temperature, generator)
+        logq = self.drafter.marginals(prefix, gamma, steps, temperature, generator)
         self.draft = self.drafter.draft
-        return rows
+        if not found:
+            return logq
+        if self.draft is not None:
+            raise AlignError("ngram@W+PATH mixes the match into the drafter's rows, which must be independent given "
+                             "the prefix: decode with steps 1 (or use ngram+PATH)")
+        head = logq[:, :found].float()
+        match = torch.full_like(head, -torch.inf).scatter_(-1, self.lookup.draft[..., None], math.log(self.trust))
+        mixed = logq.clone()
+        mixed[:, :found] = torch.logaddexp(head + math.log1p(-self.trust), match).to(logq.dtype)
+        return mixed
 
 
-def parse(spec: str) -> tuple[int, int, str | None]:
-    """``ngram[:[MIN-]MAX][+PATH]`` -> (the shortest and the longest n-gram looked up, the trained drafter's path or
-    None). ``ngram:2-3`` drafts only where the prefix's last 2 or 3 tokens occur earlier (a one-token match is often
-    a poor draft: with a drafter to fall back on, it may draft better)."""
+class Spec(NamedTuple):
+    """What ``ngram[:[MIN-]MAX][@W][+PATH]`` names."""
+
+    min_ngram: int  # the shortest n-gram looked up
+    max_ngram: int  # the longest
+    path: str | None  # the trained drafter beside the lookup (None: lookup alone)
+    trust: float = 1.0  # W: 1 drafts a match alone, below 1 mixes it into the drafter's rows (FallbackDrafter)
+
+
+def parse(spec: str) -> Spec:
+    """``ngram[:[MIN-]MAX][@W][+PATH]`` -> :class:`Spec`. ``ngram:2-3`` drafts only where the prefix's last 2 or 3
+    tokens occur earlier (a one-token match is often a poor draft: with a drafter to fall back on, it may draft
+    better); ``ngram:3@0.5+PATH`` mixes the match into PATH's rows at weight 0.5 instead of drafting it alone."""
     head, _, path = spec.partition("+")
+    head, at, weight = head.partition("@")
     name, _, size = head.partition(":")
     if name != FAMILY:
         raise AlignError(f"'{spec}' is not an n-gram drafter; write ngram, ngram:MAX, ngram:MIN-MAX or "
-                         "ngram[:MIN-MAX]+PATH")
+                         "ngram[:MIN-MAX][@W]+PATH")
     low, _, high = size.rpartition("-")
     try:
         max_ngram = int(high) if high else 3
@@ -125,10 +161,17 @@ def parse(spec: str) -> tuple[int, int, str | None]:
         raise AlignError(f"'{spec}': the n-gram lengths must be whole numbers (e.g. ngram:3 or ngram:2-3)") from None
     if not 1 <= min_ngram <= max_ngram:
         raise AlignError(f"'{spec}': the n-gram lengths need 1 <= MIN <= MAX (e.g. ngram:2-3)")
-    return min_ngram, max_ngram, path or None
+    try:
+        trust = float(weight) if at else 1.0
+    except ValueError:
+        trust = -1.0
+    if not 0 < trust <= 1 or (at and not path):
+        raise AlignError(f"'{spec}': @W is the weight of the match mixed into a trained drafter's rows, a number in "
+                         "(0, 1] followed by +PATH (e.g. ngram:3@0.5+runs/x/final)")
+    return Spec(min_ngram, max_ngram, path or None, trust)
 
 
 def is_spec(path: str) -> bool:
     """Whether a drafter path names the n-gram drafter (``ngram``, ``ngram:MAX``, ``ngram:MIN-MAX``,
     ``ngram...+PATH``)."""
-    return path == FAMILY or path.startswith((f"{FAMILY}:", f"{FAMILY}+"))
+    return path == FAMILY or path.startswith((f"{FAMILY}:", f"{FAMILY}+", f"{FAMILY}@"))
