@@ -94,6 +94,25 @@ def test_padded_logit_rows_are_sliced_and_decoding_stays_exact(model_dirs, tmp_p
     assert out.tokens == ar_generate(verifier.model, prompt, 20, eos_token_ids=[1])
 
 
+@pytest.mark.parametrize("kind", ["diffusiongemma", "mdlm", "dream", "dflash", "ar", "ngram:2+mdlm"])
+def test_every_drafter_kind_loads_in_int8_and_decodes_exactly(model_dirs, kind):
+    """``--drafter-dtype int8`` for every drafter kind (make real's headline runs its assistant, an AR drafter, in
+    int8): the drafter's linear layers become int8 ones, the verifier's stay float, and greedy output is the
+    verifier's."""
+    from align.loading import is_int8
+
+    verifier_path = str(model_dirs["verifier"])
+    lookup, _, folder = kind.rpartition("+")
+    path = verifier_path if folder == "ar" else str(model_dirs[folder])
+    drafter, verifier, tok = load_pair(f"{lookup}+{path}" if lookup else path, verifier_path,
+                                       None if lookup else folder, drafter_dtype="int8", trust_remote_code=folder == "dream")
+    inner = drafter.drafter if lookup else drafter
+    assert is_int8(inner.model) and not is_int8(verifier.model)
+    prompt = encode_prompt(tok, "Give me a haiku about the ocean")
+    out = SpeculativeDecoder(drafter, verifier, [1]).generate(prompt, 20, gamma=6)
+    assert out.tokens == ar_generate(verifier.model, prompt, 20, eos_token_ids=[1])
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--gamma", "0"], "gamma must be a positive"),
     (["--steps", "0"], "steps must be a positive"),

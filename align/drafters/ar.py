@@ -10,6 +10,7 @@ from transformers import DynamicCache
 from align.drafters.base import DrafterKind
 from align.errors import AlignError
 from align.inference import PrefixState, cache_keyword
+from align.loading import logit_rows
 
 FAMILY = "ar"
 
@@ -34,7 +35,7 @@ class ARDrafter(DrafterKind):
 
     def __init__(self, model: Any, vocab_size: int, expose_draft: bool = True):
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        rows = head.weight.shape[0] if head is not None else model.config.vocab_size
+        rows = logit_rows(head, model.config.vocab_size)
         if rows < vocab_size:
             raise AlignError(f"the AR drafter has {rows} logit rows, fewer than the {vocab_size} tokens of the shared "
                              "vocabulary")

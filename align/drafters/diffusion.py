@@ -39,6 +39,7 @@ from align.drafters.base import DrafterKind
 from align.errors import AlignError
 from align.families import FIRST_TOKEN, Traits, traits
 from align.inference import PrefixState, forward_accepts, grad_free, lean_default
+from align.loading import logit_rows
 from align.models.diffusiongemma_pass import DiffusionGemmaPass, lm_logits, with_cache
 
 
@@ -419,7 +420,7 @@ def build(model: Any, source: Any) -> Drafter:
     """A :class:`Drafter` around a loaded diffusion model (``source``: :class:`align.drafters.Source`), drafting as
     its training set it."""
     head = model.get_output_embeddings()
-    rows = head.weight.shape[0] if head is not None else source.vocab
+    rows = logit_rows(head, source.vocab)
     if rows < source.vocab:
         raise AlignError(f"the drafter '{source.name}' has {rows} logit rows, fewer than the {source.vocab} tokens of "
                          "the shared vocabulary")

@@ -80,8 +80,9 @@ def _normalises(norm: torch.nn.Module) -> bool:
     return type(norm).__name__ != "Skipped"
 
 
-def _linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
-    return F.linear(x, layer.weight, layer.bias)
+def _linear(x: torch.Tensor, layer: torch.nn.Module) -> torch.Tensor:
+    """``layer(x)`` without the module call for a float ``nn.Linear``; any other layer (an int8 one) as itself."""
+    return F.linear(x, layer.weight, layer.bias) if isinstance(layer, torch.nn.Linear) else layer(x)
 
 
 class DiffusionGemmaPass:
@@ -429,7 +430,7 @@ class DiffusionGemmaPass:
         """``DiffusionGemmaTextRouter`` from its (scale-free) norm's output: top-k weights (normalised, per-expert
         scaled) and expert indices."""
         h = normalised * router.scale * router.scalar_root_size
-        probs = F.linear(h, router.proj.weight, router.proj.bias).softmax(dim=-1, dtype=torch.float32)
+        probs = _linear(h, router.proj).softmax(dim=-1, dtype=torch.float32)
         weights, index = torch.topk(probs, k=router.config.top_k_experts, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * router.per_expert_scale[index], index
