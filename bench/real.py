@@ -101,6 +101,20 @@ def rollouts(stage: str, recipe: str, times: dict) -> None:
              "VLLM_LOGGING_LEVEL": "ERROR"})
 
 
+def assistant_done(h, run_dir: str) -> bool:
+    """Whether the headline's assistant is already trained (a rerun of make real resumes): its meta.json records
+    the start, learning rate, batch and time budget of ``h.assistant_args`` and is newer than the drafter's last
+    checkpoint (a drafter trained again, on new rollouts, trains its assistant again)."""
+    meta_path = ROOT / h.assistant_out / "meta.json"
+    checkpoints = sorted((ROOT / run_dir / "checkpoints").glob("step-*"), key=lambda p: p.stat().st_mtime)
+    if not meta_path.is_file() or not checkpoints or meta_path.stat().st_mtime < checkpoints[-1].stat().st_mtime:
+        return False
+    meta, args = json.loads(meta_path.read_text()), dict(zip(h.assistant_args[::2], h.assistant_args[1::2]))
+    wanted = {"init": h.assistant_init, "lr": float(args.get("--lr", "nan")),
+              "batch_size": int(args.get("--batch-size", "0")), "budget_seconds": float(args.get("--seconds", "nan"))}
+    return all(meta.get(key) == value for key, value in wanted.items())
+
+
 def headline(pair: str, per_category: int, tokens: int, times: dict, train: bool) -> None:
     """The pair's headline: its shipped drafter trained on its rollouts, the autoregressive assistant trained on the
     same rollouts (for the record's ``--seconds``, else the drafter's training time), and one interleaved Spec-Bench
@@ -116,8 +130,12 @@ def headline(pair: str, per_category: int, tokens: int, times: dict, train: bool
         # without --seconds in the record's arguments: for the drafter's training time (its optimizer steps, from the
         # run's metrics.jsonl: align.baseline's default), so that a rerun that resumes a finished run cannot shrink
         # the assistant's budget
-        run(f"assistant {pair}", [sys.executable, "-m", "align.baseline", "train", "--run", run_dir,
-                                  "--out", h.assistant_out, "--init", h.assistant_init, *h.assistant_args], times)
+        if assistant_done(h, run_dir):
+            print(f"\n=== assistant {pair}: {h.assistant_out} is trained, as these settings ask, after the drafter's "
+                  "last checkpoint (delete it to train it again)", flush=True)
+        else:
+            run(f"assistant {pair}", [sys.executable, "-m", "align.baseline", "train", "--run", run_dir,
+                                      "--out", h.assistant_out, "--init", h.assistant_init, *h.assistant_args], times)
     run(f"eval {pair} headline",
         [sys.executable, "-m", "eval.acceptance", "--ckpt", f"{run_dir}/final", "--baseline", "none", "--suite",
          "specbench", "--per-category", str(per_category), "--max-new-tokens", str(tokens), "--temperature", "0",

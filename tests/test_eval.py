@@ -226,6 +226,31 @@ def test_alternatives_run_in_the_same_loop_with_their_calls_counted(exported, wo
     assert real_report.PAIRS["smollm2"].title not in report and "probe's eight prompts" not in report
 
 
+def test_make_real_resumes_past_an_assistant_trained_as_asked(tmp_path):
+    """A rerun of make real (after a failed evaluation) does not train the headline's assistant again when it is
+    trained with the record's settings after the drafter's last checkpoint; other settings or a newer drafter do."""
+    import os
+
+    from align.zoo.pairs import Headline
+
+    real = script_module("bench/real.py")
+    args = ("--lr", "1e-3", "--batch-size", "8", "--warmup", "10", "--seconds", "900")
+    h = Headline("recipes/x.yaml", "zoo:start", str(tmp_path / "ar"), args, ())
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step-10").mkdir(parents=True)
+    assert not real.assistant_done(h, str(run_dir))  # nothing trained yet
+    (tmp_path / "ar").mkdir()
+    meta = {"init": "zoo:start", "lr": 1e-3, "batch_size": 8, "budget_seconds": 900.0}
+    (tmp_path / "ar" / "meta.json").write_text(json.dumps(meta))
+    assert real.assistant_done(h, str(run_dir))
+    assert not real.assistant_done(Headline("recipes/x.yaml", "zoo:start", str(tmp_path / "ar"),
+                                            ("--lr", "2e-3", *args[2:]), ()), str(run_dir))  # another learning rate
+    later = run_dir / "checkpoints" / "step-20"
+    later.mkdir()
+    os.utime(later, (os.path.getmtime(tmp_path / "ar" / "meta.json") + 5,) * 2)
+    assert not real.assistant_done(h, str(run_dir))  # the drafter trained again after it
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--drafter", "assisted 2=x"], "taken"),
     (["--prompt-lookup", "0"], "1 or more"),
