@@ -52,15 +52,16 @@ def int8_linears(module: torch.nn.Module) -> torch.nn.Module:
 
     from torch.ao.quantization import quantize_dynamic
 
-    # torch's own transformer layers read their linears' weights directly (their fast path): those stay float
-    native = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer)
-    kept = {f"{name}.{child}" if name else child for name, layer in module.named_modules()
-            if isinstance(layer, native) for child, _ in layer.named_modules() if child}
-    names = {name for name, layer in module.named_modules() if isinstance(layer, torch.nn.Linear) and name not in kept}
     with warnings.catch_warnings():  # torch.ao's notice that this API moves to torchao, and a per-tensor hint
         warnings.simplefilter("ignore")
         if isinstance(module, torch.nn.Linear):  # quantize_dynamic swaps a container's layers, not itself
             return quantize_dynamic(torch.nn.Sequential(module), {torch.nn.Linear}, dtype=torch.qint8)[0]
+        # torch's own transformer layers read their linears' weights directly (their fast path): those stay float
+        native = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer)
+        kept = {f"{name}.{child}" if name else child for name, layer in module.named_modules()
+                if isinstance(layer, native) for child, _ in layer.named_modules() if child}
+        names = {name for name, layer in module.named_modules()
+                 if isinstance(layer, torch.nn.Linear) and name not in kept}
         return quantize_dynamic(module, names, dtype=torch.qint8, inplace=True)
 
 

@@ -106,8 +106,8 @@ def assistant_done(h, run_dir: str) -> bool:
     the start, learning rate, batch and time budget of ``h.assistant_args`` and is newer than the drafter's last
     checkpoint (a drafter trained again, on new rollouts, trains its assistant again)."""
     meta_path = ROOT / h.assistant_out / "meta.json"
-    checkpoints = sorted((ROOT / run_dir / "checkpoints").glob("step-*"), key=lambda p: p.stat().st_mtime)
-    if not meta_path.is_file() or not checkpoints or meta_path.stat().st_mtime < checkpoints[-1].stat().st_mtime:
+    last = max((p.stat().st_mtime for p in (ROOT / run_dir / "checkpoints").glob("step-*")), default=None)
+    if not meta_path.is_file() or last is None or meta_path.stat().st_mtime < last:
         return False
     meta, args = json.loads(meta_path.read_text()), dict(zip(h.assistant_args[::2], h.assistant_args[1::2]))
     wanted = {"init": h.assistant_init, "lr": float(args.get("--lr", "nan")),
@@ -118,8 +118,7 @@ def assistant_done(h, run_dir: str) -> bool:
 def headline(pair: str, per_category: int, tokens: int, times: dict, train: bool) -> None:
     """The pair's headline: its shipped drafter trained on its rollouts, the autoregressive assistant trained on the
     same rollouts (for the record's ``--seconds``, else the drafter's training time), and one interleaved Spec-Bench
-    run of both against generate, prompt lookup and
-    assisted generation (eval.acceptance --interleave)."""
+    run of both against generate, prompt lookup and assisted generation (eval.acceptance --interleave)."""
     h = PAIRS[pair].headline
     run_dir = f"runs/{Path(h.recipe).stem}"
     if train:

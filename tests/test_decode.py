@@ -105,7 +105,8 @@ def test_every_drafter_kind_loads_in_int8_and_decodes_exactly(model_dirs, kind):
     lookup, _, folder = kind.rpartition("+")
     path = verifier_path if folder == "ar" else str(model_dirs[folder])
     drafter, verifier, tok = load_pair(f"{lookup}+{path}" if lookup else path, verifier_path,
-                                       None if lookup else folder, drafter_dtype="int8", trust_remote_code=folder == "dream")
+                                       None if lookup else folder, drafter_dtype="int8",
+                                       trust_remote_code=folder == "dream")
     inner = drafter.drafter if lookup else drafter
     assert is_int8(inner.model) and not is_int8(verifier.model)
     prompt = encode_prompt(tok, "Give me a haiku about the ocean")

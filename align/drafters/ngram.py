@@ -88,9 +88,6 @@ class FallbackDrafter(DrafterKind):
     drafter's; the drafter's rows must be independent given the prefix (one pass: steps 1)."""
 
     def __init__(self, lookup_drafter: NGramDrafter, drafter: DrafterKind, trust: float = 1.0):
-        if not 0 < trust <= 1:
-            raise AlignError(f"the n-gram match's trust W must be in (0, 1], got {trust}: ngram@0.5+PATH mixes it "
-                             "with the drafter's rows, ngram+PATH (W 1) drafts it alone")
         self.lookup, self.drafter, self.trust = lookup_drafter, drafter, trust
         self.family = f"{FAMILY}+{drafter.family}"
         self.vocab_size = drafter.vocab_size
@@ -165,7 +162,7 @@ def parse(spec: str) -> Spec:
         trust = float(weight) if at else 1.0
     except ValueError:
         trust = -1.0
-    if not 0 < trust <= 1 or (at and not path):
+    if not 0 < trust <= 1 or (at and not path):  # W is checked here, before any drafter loads
         raise AlignError(f"'{spec}': @W is the weight of the match mixed into a trained drafter's rows, a number in "
                          "(0, 1] followed by +PATH (e.g. ngram:3@0.5+runs/x/final)")
     return Spec(min_ngram, max_ngram, path or None, trust)
