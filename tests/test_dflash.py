@@ -25,10 +25,11 @@ from test_sampling import exact_distribution
 MASK = 3
 
 
-def pair(seed: int, vocab: int = 64, layers=(0, 1), dtype=torch.float64):
-    """A 3-layer random verifier and a random 1-layer drafter reading ``layers`` of it (grouped-query attention)."""
+def pair(seed: int, vocab: int = 64, layers=(0, 1), dtype=torch.float64, drafter_layers: int = 1):
+    """A 3-layer random verifier and a random drafter of ``drafter_layers`` reading ``layers`` of it (grouped-query
+    attention)."""
     verifier = verifier_model(vocab, hidden=32, layers=3, heads=2, max_len=256, seed=seed).to(dtype).eval()
-    model = dflash_model(verifier.config, list(layers), MASK, layers=1, intermediate=64, kv_heads=1,
+    model = dflash_model(verifier.config, list(layers), MASK, layers=drafter_layers, intermediate=64, kv_heads=1,
                          seed=seed + 100).to(dtype).eval()
     return verifier, model
 
@@ -72,10 +73,17 @@ def test_greedy_decoding_is_the_verifiers_own_output():
     assert max(accepted) >= 2 and 0 in accepted
 
 
-def test_what_decoding_drafts_is_what_training_computes():
+@pytest.mark.parametrize("drafter_layers", [1, 3])
+def test_what_decoding_drafts_is_what_training_computes(drafter_layers):
     """Every block decoding drafted (its context cache grown block by block, rolled back, and handed over by tree
-    passes) equals the training pass over the same prefix: one teacher-forced verifier pass, all windows at once."""
-    verifier, model = pair(1, vocab=8)
+    passes; decoding's fused pass, align.models.dflash.DecodePass) equals the training pass over the same prefix:
+    one teacher-forced verifier pass, all windows at once."""
+    verifier, model = pair(1, vocab=8, drafter_layers=drafter_layers)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # norms other than ones, so that each layer's own weights must be the ones applied
+        for name, weight in model.named_parameters():
+            if "norm" in name:
+                weight.uniform_(0.5, 1.5, generator=generator)
     drafter = DFlashDrafter(model, verifier, 8)
     drafted = recorded(drafter)
     prompt, gamma = [4, 5, 6, 7], 4

@@ -353,14 +353,18 @@ def test_lookup_spec_names_the_shortest_and_longest_ngram():
     from align.drafters.ngram import lookup, parse
     from align.errors import AlignError
 
-    assert parse("ngram") == (1, 3, None, 1.0) and parse("ngram:5") == (1, 5, None, 1.0)
-    assert parse("ngram:2-3+runs/x/final") == (2, 3, "runs/x/final", 1.0)
-    assert parse("ngram:3@0.25+runs/x/final") == (1, 3, "runs/x/final", 0.25)
+    assert parse("ngram") == (1, 3, None, 1.0, None) and parse("ngram:5") == (1, 5, None, 1.0, None)
+    assert parse("ngram:2-3+runs/x/final") == (2, 3, "runs/x/final", 1.0, None)
+    assert parse("ngram:3@0.25+runs/x/final") == (1, 3, "runs/x/final", 0.25, None)
+    assert parse("ngram:3@0.7/2+runs/x/final") == (1, 3, "runs/x/final", 0.7, 2)
     for bad in ("ngram:3-2", "ngram:0-2", "ngram:a-3"):
         with pytest.raises(AlignError, match="n-gram lengths"):
             parse(bad)
     for bad in ("ngram@0.5", "ngram:3@0+x", "ngram@1.5+x", "ngram@half+x"):  # no drafter to mix into, W out of (0, 1]
         with pytest.raises(AlignError, match="@W"):
+            parse(bad)
+    for bad in ("ngram:3@0.7/1+x", "ngram:3@0.7/4+x", "ngram:2-3@0.7/2+x", "ngram:3@0.7/two+x"):  # S in (MIN, MAX]
+        with pytest.raises(AlignError, match="@W/S"):
             parse(bad)
     ids = [1, 2, 3, 9, 5, 6, 3]  # only "3" repeats: a one-token match
     assert lookup(ids, 2, max_ngram=3) == [9, 5] and lookup(ids, 2, max_ngram=3, min_ngram=2) == []
@@ -379,7 +383,8 @@ def test_prompt_lookup_and_its_fallback_decode_exactly_what_the_verifier_does():
         for gamma in (1, 4, 16):
             for drafter in (NGramDrafter(VOCAB, 3),
                             FallbackDrafter(NGramDrafter(VOCAB, 2), EchoDrafter(verifier, VOCAB, 0.3, seed)),
-                            FallbackDrafter(NGramDrafter(VOCAB, 2), EchoDrafter(verifier, VOCAB, 0.3, seed), 0.4)):
+                            FallbackDrafter(NGramDrafter(VOCAB, 2), EchoDrafter(verifier, VOCAB, 0.3, seed), 0.4),
+                            FallbackDrafter(NGramDrafter(VOCAB, 3), EchoDrafter(verifier, VOCAB, 0.3, seed), 0.4, 2)):
                 rng = random.Random(seed * 31 + gamma)
                 prompt = greedy[:rng.randrange(8, 20)] + [5, 9, 17]  # the verifier's own text: lookup can hit
                 expected = ar_generate(verifier, prompt, 40, eos_token_ids=[])
@@ -410,8 +415,9 @@ class FixedRows:
 def test_a_mixed_match_is_a_distribution_whose_tree_holds_the_match_and_the_drafters_guess():
     """ngram@W+PATH: where the context matches, row j is W·onehot(match_j) + (1 − W)·q_j (each row sums to 1), the
     rows after the match are the drafter's own, and an 8-node tree holds the whole match as a path and the drafter's
-    likeliest first token beside it; W 1 drafts the match alone without asking the drafter; a drafter whose rows
-    hang on its own draft (steps > 1) is refused."""
+    likeliest first token beside it; W 1 drafts the match alone without asking the drafter, and so does @W/S for a
+    match after an n-gram of S tokens or more (a shorter one mixed); a drafter whose rows hang on its own draft
+    (steps > 1) is refused."""
     from align.drafters.ngram import FallbackDrafter, NGramDrafter
     from align.errors import AlignError
     from align.trees import TreeShape, tree_from_marginals
@@ -436,6 +442,11 @@ def test_a_mixed_match_is_a_distribution_whose_tree_holds_the_match_and_the_draf
     assert alone.marginals(prefix, 6)[0].exp().max(-1).values.tolist() == [1.0] * 5 and alone.drafter.calls == 0
     nothing = torch.tensor([[1, 2, 3, 4]])  # no repeat: the drafter's rows as they are
     assert torch.equal(mixed.marginals(nothing, 6)[0], q)
+    sure = FallbackDrafter(NGramDrafter(VOCAB, 3), FixedRows(q), 0.7, sure=2)  # ngram@0.7/2: a 2-gram match alone
+    assert sure.marginals(prefix, 6)[0].exp().max(-1).values.tolist() == [1.0] * 5 and sure.drafter.calls == 0
+    single = torch.tensor([[7, 9, 10, 11, 12, 7]])  # only "7" occurred before: a 1-gram match, mixed
+    assert torch.isclose(sure.marginals(single, 6)[0, 0, 9].exp(), 0.7 + 0.3 * q[0, 9].exp(), atol=1e-6)
+    assert sure.drafter.calls == 1 and sure.lookup.matched == 1
     drawn = FixedRows(q)
     drawn.draft = q.argmax(-1)[None]
     with pytest.raises(AlignError, match="steps 1"):

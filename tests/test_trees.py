@@ -147,7 +147,8 @@ def test_greedy_trees_with_the_feature_conditioned_and_lookup_drafters():
         kinds = [DFlashDrafter(dflash_model(model.config, [0], MASK, layers=1, intermediate=32, seed=seed),
                                model, VOCAB),
                  FallbackDrafter(NGramDrafter(VOCAB), Drafter(tiny_drafter("mdlm", seed), "mdlm", VOCAB, MASK)),
-                 FallbackDrafter(NGramDrafter(VOCAB), Drafter(tiny_drafter("mdlm", seed), "mdlm", VOCAB, MASK), 0.5)]
+                 FallbackDrafter(NGramDrafter(VOCAB), Drafter(tiny_drafter("mdlm", seed), "mdlm", VOCAB, MASK), 0.5),
+                 FallbackDrafter(NGramDrafter(VOCAB), Drafter(tiny_drafter("mdlm", seed), "mdlm", VOCAB, MASK), 0.5, 2)]
         for drafter in kinds:
             for gamma, shape in ((4, "8x4"), (8, "24x4")):
                 out = check_greedy_tree(drafter, model, seed, gamma, shape, eos_inside=seed == 2)

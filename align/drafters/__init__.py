@@ -59,12 +59,13 @@ def load_drafter(path: str, verifier: str, verifier_model: Any = None, *, family
     must agree with the verifier's (``verifier_tokenizer``, loaded from ``verifier`` when not given) on every
     verifier token. ``verifier_model`` is the loaded verifier, which a dflash drafter reads. ``ngram`` (or
     ``ngram:MAX``, ``ngram:MIN-MAX``) is prompt lookup, no model; ``ngram[:MIN-MAX]+PATH`` looks up first and falls
-    back to PATH's drafter; ``ngram[:MIN-MAX]@W+PATH`` mixes the match into PATH's rows at weight W.
+    back to PATH's drafter; ``ngram[:MIN-MAX]@W+PATH`` mixes the match into PATH's rows at weight W (``@W/S``: only a
+    match after an n-gram shorter than S tokens).
     """
     if device is None:
         device = next(verifier_model.parameters()).device if verifier_model is not None else "cpu"
     if ngram.is_spec(path):
-        min_ngram, max_ngram, rest, trust = ngram.parse(path)
+        min_ngram, max_ngram, rest, trust, sure = ngram.parse(path)
         if verifier_tokenizer is None:
             verifier_tokenizer = load_tokenizer(model_path(verifier), "verifier")
         vocab = shared_vocab_size(verifier_tokenizer, verifier_tokenizer, verifier, verifier)
@@ -74,7 +75,7 @@ def load_drafter(path: str, verifier: str, verifier_model: Any = None, *, family
         return ngram.FallbackDrafter(lookup, load_drafter(
             rest, verifier, verifier_model, family=family, dtype=dtype, device=device,
             trust_remote_code=trust_remote_code, mask_token_id=mask_token_id, verifier_tokenizer=verifier_tokenizer,
-            hub_kernels=hub_kernels), trust)
+            hub_kernels=hub_kernels), trust, sure)
     folder = model_path(path)
     family = family or infer_family(folder, trust_remote_code)
     traits(family)  # an unknown family is refused by name

@@ -193,3 +193,100 @@ def rope_theta(config) -> float:
     """θ of the rotary embedding, from transformers 5's ``rope_parameters`` or the older ``rope_theta``."""
     params = getattr(config, "rope_parameters", None) or {}
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+class DecodePass(nn.Module):
+    """:meth:`DFlashDraftModel.context` and its forward as decoding runs them: one call per block, in fewer and
+    larger matrix products. The new context rows' keys and values of every layer come from one linear (every layer
+    reads the same projected features), each layer's queries, keys and values from one, its gate and up from one;
+    the normalisations and rotations of the context keys run once for all layers. The same function as the model's
+    (tests/test_dflash.py); built from a trained model's weights (``tensors``: a linear layer's float weight and
+    bias), for decoding only, sharing its norms, ``fc``, ``o_proj`` and ``down_proj``."""
+
+    def __init__(self, model: DFlashDraftModel, tensors=lambda linear: (linear.weight, linear.bias)):
+        super().__init__()
+        config = model.config
+        self.heads, self.kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads,
+                                                    config.head_dim)
+        self.theta, self.eps = rope_theta(config), config.rms_norm_eps
+        self.fc, self.hidden_norm, self.norm = model.fc, model.hidden_norm, model.norm
+        attention = [layer.self_attn for layer in model.layers]
+        self.context_kv = fused([tensors(linear) for a in attention for linear in (a.k_proj, a.v_proj)])
+        self.register_buffer("k_norms", torch.stack([a.k_norm.weight.detach() for a in attention])[:, None],
+                             persistent=False)  # (L, 1, d)
+        self.layers = nn.ModuleList()
+        for layer, a in zip(model.layers, attention):
+            fast = nn.Module()
+            fast.qkv = fused([tensors(linear) for linear in (a.q_proj, a.k_proj, a.v_proj)])
+            fast.gate_up = fused([tensors(linear) for linear in (layer.mlp.gate_proj, layer.mlp.up_proj)])
+            fast.o_proj, fast.down_proj, fast.q_norm, fast.k_norm = a.o_proj, layer.mlp.down_proj, a.q_norm, a.k_norm
+            fast.input_layernorm, fast.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
+            self.layers.append(fast)
+
+    def forward(self, features: torch.Tensor | None, feature_positions: torch.Tensor | None, embeds: torch.Tensor,
+                positions: torch.Tensor, cache: "ContextCache") -> torch.Tensor:
+        """The block rows' final hidden states (B, Q, H) over the context in ``cache``, which first grows by the
+        verifier's ``features`` (B, C, F) at ``feature_positions`` (B, C) (None: no new context rows)."""
+        count, heads, kv_heads, d = len(self.layers), self.heads, self.kv_heads, self.head_dim
+        b, s, _ = embeds.shape
+        c = 0 if features is None else features.shape[1]
+        keys, values = cache.reserve(cache.length + c + s, (count, b, kv_heads, d), embeds.dtype, embeds.device)
+        if c:
+            x = self.hidden_norm(self.fc(features))
+            kv = self.context_kv(x).view(b, c, count, 2, kv_heads, d).permute(3, 2, 0, 4, 1, 5)  # (2, L, B, kv, C, d)
+            k = F.rms_norm(kv[0].to(torch.promote_types(kv.dtype, torch.float32)), (d,), eps=self.eps)
+            k = rotate(self.k_norms[:, None, None] * k.to(kv.dtype), rotary(feature_positions, d, self.theta, x.dtype))
+            keys[:, :, :, cache.length:cache.length + c] = k
+            values[:, :, :, cache.length:cache.length + c] = kv[1]
+            cache.length += c
+        n = cache.length  # the block's own keys and values go after the context, uncommitted
+        h = embeds
+        table = rotary(positions, d, self.theta, h.dtype)
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(layer.input_layernorm(h)).split([heads * d, kv_heads * d, kv_heads * d], -1)
+            q = rotate(layer.q_norm(q.view(b, s, heads, d)).transpose(1, 2), table)
+            keys[i, :, :, n:n + s] = rotate(layer.k_norm(k.view(b, s, kv_heads, d)).transpose(1, 2), table)
+            values[i, :, :, n:n + s] = v.view(b, s, kv_heads, d).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q, keys[i, :, :, :n + s], values[i, :, :, :n + s],
+                                                 enable_gqa=heads != kv_heads)
+            h = h + layer.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+            gate, up = layer.gate_up(layer.post_attention_layernorm(h)).chunk(2, -1)
+            h = h + layer.down_proj(F.silu(gate) * up)
+        return self.norm(h)
+
+
+class ContextCache:
+    """Every layer's keys and values of the context, (L, B, kv_heads, capacity, d) each, ``length`` positions of them
+    kept, with room after them for a block's own rows: a block writes only its new rows, never copies the context.
+    A rolled-back or new sequence sets ``length`` lower."""
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.length = 0
+
+    def reserve(self, size: int, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buffers, grown (doubling) to hold at least ``size`` positions of (L, B, kv_heads, ·, d)."""
+        if self.keys is None or self.keys.shape[3] < size:
+            count, b, kv_heads, d = shape
+            capacity = max(size, 256, 0 if self.keys is None else 2 * self.keys.shape[3])
+            keys, values = (torch.empty(count, b, kv_heads, capacity, d, dtype=dtype, device=device) for _ in "kv")
+            if self.length:
+                keys[:, :, :, :self.length] = self.keys[:, :, :, :self.length]
+                values[:, :, :, :self.length] = self.values[:, :, :, :self.length]
+            self.keys, self.values = keys, values
+        return self.keys, self.values
+
+
+def fused(layers: list[tuple[torch.Tensor, torch.Tensor | None]]) -> nn.Linear:
+    """One linear layer whose output is the given layers' (weight, bias) outputs side by side."""
+    weights, biases = zip(*layers)
+    weight = torch.cat([w.detach() for w in weights])
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None, device=weight.device,
+                      dtype=weight.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if layer.bias is not None:
+            layer.bias.copy_(torch.cat([bias.detach() for bias in biases]))
+    return layer.requires_grad_(False)
