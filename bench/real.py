@@ -3,7 +3,8 @@
     make real                                  # install, then this script (what a user runs): the SmolLM2 headline
     python bench/real.py [--pairs smollm2,gemma3] [--eval-only] [--adapted] [--dflash]
 
-Stages, each timed (``runs/real/stages.json``):
+Stages, each timed (``runs/real/stages.json``: per stage the seconds of every invocation that ran it, so a rerun
+that resumes adds its cache hits beside the first run's times instead of over them):
 
 1. the zoo: what the recipes read, built by ``python -m align.zoo build`` (verifiers converted from their packages'
    GGUF files, training prompts, drafters made from the verifier);
@@ -52,12 +53,19 @@ FULL = ["--gamma", "16,8", "--k", "1,4", "--temperature", "0,1"]  # greedy and s
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # rollouts with data.backend: vllm run there (make vllm-env)
 
 
+def read_stages(path: Path) -> dict[str, list[float]]:
+    """The stages' times so far (per stage, one entry per invocation that ran it; a single number, as earlier
+    versions wrote, is one invocation's)."""
+    found = json.loads(path.read_text()) if path.is_file() else {}
+    return {stage: seconds if isinstance(seconds, list) else [seconds] for stage, seconds in found.items()}
+
+
 def run(stage: str, command: list[str], times: dict, env: dict | None = None) -> None:
     """Run one stage's command (stdout and stderr pass through), time it, stop on failure."""
     print(f"\n=== {stage}: {' '.join(command)}", flush=True)
     start = time.time()
     done = subprocess.run(command, cwd=ROOT, env=None if env is None else {**os.environ, **env})
-    times[stage] = round(time.time() - start, 1)
+    times.setdefault(stage, []).append(round(time.time() - start, 1))
     (OUT / "stages.json").write_text(json.dumps(times, indent=1))
     if done.returncode:
         raise SystemExit(f"stage {stage} failed (exit status {done.returncode}); rerun make real: it resumes")
@@ -167,7 +175,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown pair '{unknown[0]}'; choose from {', '.join(PAIRS)}")
     OUT.mkdir(parents=True, exist_ok=True)
-    times = json.loads((OUT / "stages.json").read_text()) if (OUT / "stages.json").is_file() else {}
+    times = read_stages(OUT / "stages.json")
     adapted = {pair: args.adapted or PAIRS[pair].headline is None for pair in pairs}
     if not args.eval_only:
         recipes = {pair: ([PAIRS[pair].recipe] if adapted[pair] else []) +

@@ -251,6 +251,22 @@ def test_make_real_resumes_past_an_assistant_trained_as_asked(tmp_path):
     assert not real.assistant_done(h, str(run_dir))  # the drafter trained again after it
 
 
+def test_make_real_keeps_every_invocations_stage_times(tmp_path, monkeypatch):
+    """A resumed make real adds its stage times beside the first run's (a cache hit's seconds never replace the
+    from-nothing time); a stages.json of single numbers, as earlier versions wrote, reads as one invocation each."""
+    import sys
+
+    real = script_module("bench/real.py")
+    monkeypatch.setattr(real, "OUT", tmp_path)
+    (tmp_path / "stages.json").write_text(json.dumps({"zoo x": 176.0}))
+    times = real.read_stages(tmp_path / "stages.json")
+    for _ in range(2):
+        real.run("zoo x", [sys.executable, "-c", "pass"], times)
+    stored = json.loads((tmp_path / "stages.json").read_text())
+    assert stored["zoo x"][0] == 176.0 and len(stored["zoo x"]) == 3
+    assert real.read_stages(tmp_path / "stages.json") == stored
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--drafter", "assisted 2=x"], "taken"),
     (["--prompt-lookup", "0"], "1 or more"),
