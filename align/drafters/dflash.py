@@ -77,12 +77,7 @@ class DFlashDrafter(DrafterKind):
     def _decode_pass(self, model: Any) -> torch.nn.Module:
         """The model's context and forward as one call per block with fused linears (:class:`DecodePass`: 15 matrix
         products a block instead of 29 for three layers), int8 beside an int8 drafter."""
-        def tensors(linear):  # an int8 linear's weight and bias are methods, its weight quantized
-            if callable(linear.weight):
-                return linear.weight().dequantize(), linear.bias()
-            return linear.weight, linear.bias
-
-        fast = DecodePass(model, tensors).eval()
+        fast = DecodePass(model).eval()
         if is_int8(model):
             int8_linears(fast)  # the fused layers (the shared ones are int8 already)
         return fast

@@ -200,10 +200,10 @@ class DecodePass(nn.Module):
     larger matrix products. The new context rows' keys and values of every layer come from one linear (every layer
     reads the same projected features), each layer's queries, keys and values from one, its gate and up from one;
     the normalisations and rotations of the context keys run once for all layers. The same function as the model's
-    (tests/test_dflash.py); built from a trained model's weights (``tensors``: a linear layer's float weight and
-    bias), for decoding only, sharing its norms, ``fc``, ``o_proj`` and ``down_proj``."""
+    (tests/test_dflash.py); built from a trained model's float or int8 weights, for decoding only, sharing its norms,
+    ``fc``, ``o_proj`` and ``down_proj``."""
 
-    def __init__(self, model: DFlashDraftModel, tensors=lambda linear: (linear.weight, linear.bias)):
+    def __init__(self, model: DFlashDraftModel):
         super().__init__()
         config = model.config
         self.heads, self.kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads,
@@ -211,14 +211,14 @@ class DecodePass(nn.Module):
         self.theta, self.eps = rope_theta(config), config.rms_norm_eps
         self.fc, self.hidden_norm, self.norm = model.fc, model.hidden_norm, model.norm
         attention = [layer.self_attn for layer in model.layers]
-        self.context_kv = fused([tensors(linear) for a in attention for linear in (a.k_proj, a.v_proj)])
+        self.context_kv = fused([linear for a in attention for linear in (a.k_proj, a.v_proj)])
         self.register_buffer("k_norms", torch.stack([a.k_norm.weight.detach() for a in attention])[:, None],
                              persistent=False)  # (L, 1, d)
         self.layers = nn.ModuleList()
         for layer, a in zip(model.layers, attention):
             fast = nn.Module()
-            fast.qkv = fused([tensors(linear) for linear in (a.q_proj, a.k_proj, a.v_proj)])
-            fast.gate_up = fused([tensors(linear) for linear in (layer.mlp.gate_proj, layer.mlp.up_proj)])
+            fast.qkv = fused([a.q_proj, a.k_proj, a.v_proj])
+            fast.gate_up = fused([layer.mlp.gate_proj, layer.mlp.up_proj])
             fast.o_proj, fast.down_proj, fast.q_norm, fast.k_norm = a.o_proj, layer.mlp.down_proj, a.q_norm, a.k_norm
             fast.input_layernorm, fast.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
             self.layers.append(fast)
@@ -279,9 +279,11 @@ class ContextCache:
         return self.keys, self.values
 
 
-def fused(layers: list[tuple[torch.Tensor, torch.Tensor | None]]) -> nn.Linear:
-    """One linear layer whose output is the given layers' (weight, bias) outputs side by side."""
-    weights, biases = zip(*layers)
+def fused(layers: list[nn.Module]) -> nn.Linear:
+    """One float linear layer whose output is the given linear layers' outputs side by side (an int8 layer's
+    weights dequantized: its weight and bias are methods)."""
+    weights, biases = zip(*((layer.weight().dequantize(), layer.bias()) if callable(layer.weight)
+                            else (layer.weight, layer.bias) for layer in layers))
     weight = torch.cat([w.detach() for w in weights])
     layer = nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None, device=weight.device,
                       dtype=weight.dtype)
