@@ -87,11 +87,13 @@ def greedy_counts(documents: list[dict[str, Any]]) -> str:
             f"{totals['near_tie']} near-tie, {totals['mismatch']} mismatch")
 
 
-def write_real_report(out: Path, pairs: list[str], times: dict[str, float]) -> Path:
-    sections = ["# make real: the real pairs", "", "## Stages (seconds, 2 CPU cores)", "",
-                "| stage | seconds |", "|---|---|"]
-    sections += [f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items()]
-    sections.append(f"| **all** | **{sum(times.values()):.0f}** |")
+def write_real_report(out: Path, pairs: list[str], times: dict[str, list[float]]) -> Path:
+    """``runs/real/report.md`` from the evaluations under ``out`` and the stage times (``bench/real.py``'s
+    ``stages.json``: per stage, the seconds of every invocation that ran it, first to last)."""
+    sections = ["# make real: the real pairs", "", "## Stages (seconds, 2 CPU cores; a stage run again by a resumed "
+                "invocation shows each invocation's time, first to last)", "", "| stage | seconds |", "|---|---|"]
+    sections += [f"| {stage} | {' + '.join(f'{s:.0f}' for s in seconds)} |" for stage, seconds in times.items()]
+    sections.append(f"| **all** | **{sum(map(sum, times.values())):.0f}** |")
     for pair in pairs:
         top = _document(out / "eval" / f"{pair}-headline")
         if top:
