@@ -46,8 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="temperature of the K drafts")
     p.add_argument("--scorer", default=DEFAULTS.scorer, choices=SCORERS)
     p.add_argument("--candidates", default=DEFAULTS.candidates, choices=CANDIDATES)
-    p.add_argument("--tree", default=None, metavar="NODESxBRANCHING",
-                   help="verify a token tree grown from the marginals (align/trees.py), e.g. 16x4")
+    p.add_argument("--tree", default=None, metavar="NODESxBRANCHING[/P]",
+                   help="verify a token tree grown from the marginals (align/trees.py), e.g. 16x4; /P leaves out "
+                        "nodes whose path probability is below P, e.g. 11x3/0.1")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: the accelerator when present)")
     p.add_argument("--hub-kernels", action="store_true", help="let transformers swap in kernels from the Hugging "

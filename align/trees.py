@@ -51,12 +51,19 @@ class TreeShape:
 
     @classmethod
     def parse(cls, spec: str) -> "TreeShape":
-        """``NODES[xBRANCHING]``, e.g. ``16x4``: 16 nodes, the 4 likeliest tokens per position (depth: γ)."""
-        head, _, branching = spec.partition("x")
+        """``NODES[xBRANCHING][/P]``, e.g. ``16x4``: 16 nodes, the 4 likeliest tokens per position (depth: γ);
+        ``11x3/0.1``: only nodes whose path probability is at least 0.1 (a block whose every candidate is less
+        likely scores the verifier's one position: a pass over one position is the cheapest, docs/results.md)."""
+        shape, _, floor = spec.partition("/")
+        head, _, branching = shape.partition("x")
         try:
-            return cls(int(head), 1 << 30, int(branching) if branching else 4)
+            made = cls(int(head), 1 << 30, int(branching) if branching else 4, float(floor) if floor else 0.0)
         except ValueError:
-            raise AlignError(f"--tree {spec!r}: write NODES or NODESxBRANCHING, e.g. 16x4") from None
+            raise AlignError(f"--tree {spec!r}: write NODES, NODESxBRANCHING or NODESxBRANCHING/P, e.g. 16x4 or "
+                             "11x3/0.1") from None
+        if not 0 <= made.min_probability < 1:
+            raise AlignError(f"--tree {spec!r}: /P is the least path probability a node needs, a number in [0, 1)")
+        return made
 
     def at_depth(self, depth: int) -> "TreeShape":
         return TreeShape(self.nodes, min(self.depth, depth), self.branching, self.min_probability)

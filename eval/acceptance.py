@@ -104,10 +104,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stop-below", type=comma_list(float), default=[0.0], metavar="P",
                    help="stop rule: a block ends before the first position whose likeliest token the drafter gives "
                         "less probability than P (comma list; 0: every block drafts γ)")
-    p.add_argument("--tree", type=comma_list(str), default=["none"], metavar="NODESxBRANCHING",
+    p.add_argument("--tree", type=comma_list(str), default=["none"], metavar="NODESxBRANCHING[/P]",
                    help="verify a token tree grown from the drafter's marginals instead of one draft: at most NODES "
-                        "candidates, each position's BRANCHING likeliest tokens, depth γ (align/trees.py; comma list, "
-                        "none: one draft)")
+                        "candidates, each position's BRANCHING likeliest tokens, depth γ, none whose path probability "
+                        "is below P (align/trees.py; comma list, none: one draft)")
     p.add_argument("--k", type=comma_list(int), default=None,
                    help="drafts per block, self-selection (comma list; default: the checkpoint recipe's selection.k, else 1)")
     p.add_argument("--drafter-temperature", type=comma_list(float), default=None,

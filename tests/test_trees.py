@@ -91,7 +91,7 @@ class Ranked(DrafterKind):
         return logits.log_softmax(-1)
 
 
-SHAPES = ("1x1", "4x1", "4x2", "8x4", "24x4", "64x8")
+SHAPES = ("1x1", "4x1", "4x2", "8x4", "24x4", "64x8", "8x4/0.05")  # the last: no node below 0.05
 
 
 def check_greedy_tree(drafter, model, seed: int, gamma: int, shape: str, eos_inside: bool):
@@ -106,18 +106,24 @@ def check_greedy_tree(drafter, model, seed: int, gamma: int, shape: str, eos_ins
 
 
 def test_greedy_trees_are_the_verifiers_output_token_for_token():
-    """Six tree shapes (a single node to 64 nodes of branching 8), γ 1, 4 and 8, EOS inside and outside, against
-    drafters that hold the verifier's tokens at random ranks (144 cases): every output is generate's; trees that
-    branch accept more than the chain of the same drafter; whole, partial and empty paths all occur."""
+    """Seven tree shapes (a single node to 64 nodes of branching 8, and one that leaves out nodes below a path
+    probability), γ 1, 4 and 8, EOS inside and outside, against drafters that hold the verifier's tokens at random
+    ranks (168 cases): every output is generate's; trees that branch accept more than the chain of the same drafter;
+    whole, partial and empty paths all occur, and blocks whose every candidate falls below the floor score the
+    verifier's one position (an empty tree)."""
     accepted: dict[str, list[tuple[int, int]]] = {}
+    nodes: list[int] = []
     for seed in range(4):
-        model = tiny_verifier(seed)
+        model = gqa_verifier(seed) if seed == 3 else tiny_verifier(seed)  # the last with grouped-query attention
         for gamma in (1, 4, 8):
             for shape in SHAPES:
                 for eos_inside in (False, True):
                     out = check_greedy_tree(Ranked(model, seed), model, seed, gamma, shape, eos_inside)
                     accepted.setdefault(shape, []).extend((b.accepted, b.gamma) for b in out.stats.blocks if b.gamma)
+                    if "/" in shape:
+                        nodes.extend(b.nodes for b in out.stats.blocks if b.gamma)
     mean = {shape: sum(a for a, _ in blocks) / len(blocks) for shape, blocks in accepted.items()}
+    assert 0 in nodes and max(nodes) > 1, nodes
     assert mean["64x8"] > mean["8x4"] > mean["4x1"], mean
     blocks = accepted["64x8"]
     assert any(a == g > 1 for a, g in blocks) and any(0 < a < g for a, g in blocks) and any(a == 0 for a, _ in blocks)
@@ -157,10 +163,32 @@ def test_greedy_trees_with_the_feature_conditioned_and_lookup_drafters():
                     assert all(b.gamma for b in out.stats.blocks[1:-2]), [b.gamma for b in out.stats.blocks]
 
 
-def test_the_tree_pass_is_what_sequential_passes_give():
+def gqa_verifier(seed: int = 0):
+    """A tiny Llama whose 4 query heads share 2 key/value heads (grouped-query attention, as SmolLM2's 9 share 3)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from align.zoo.models import BOS, EOS, PAD
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+    return LlamaForCausalLM(config).double().eval()
+
+
+@pytest.mark.parametrize("grouped", (False, True))
+def test_the_tree_pass_is_what_sequential_passes_give(grouped, monkeypatch):
     """Each node's row equals the verifier's logits after the node's own path run in sequence (the mask shows it its
-    ancestors only, at its depth's position), and after the commit the cache holds what a sequential pass made."""
-    model = tiny_verifier(0)
+    ancestors only, at its depth's position), and after the commit the cache holds what a sequential pass made; with
+    grouped-query attention the masked passes read each key/value head in place (align.verifier.gqa_sdpa)."""
+    model = gqa_verifier() if grouped else tiny_verifier(0)
+    sdpa, in_place = torch.nn.functional.scaled_dot_product_attention, []
+
+    def counted(*args, **kwargs):
+        in_place.append(kwargs.get("enable_gqa", False) and kwargs.get("attn_mask") is not None)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
     verifier = Verifier(model)
     prompt = [5, 6, 7, 8, 9]
     tree = tree_from_marginals(torch.randn(4, VOCAB, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
@@ -180,6 +208,7 @@ def test_the_tree_pass_is_what_sequential_passes_give():
     with torch.no_grad():
         alone = model(input_ids=torch.tensor([prompt + [tokens[i] for i in path] + [11, 12, 13]])).logits[0, -3:]
     assert torch.allclose(after[0], alone.float(), atol=1e-6)
+    assert any(in_place) == grouped and model.config._attn_implementation == "align_sdpa"
 
 
 def test_a_mask_that_lets_siblings_see_each_other_is_caught(monkeypatch):
@@ -212,7 +241,7 @@ def sample_trees(shape: str, n: int, temperature: float = 1.0) -> Counter:
                                           tree=TreeShape.parse(shape)).tokens) for s in range(n))
 
 
-@pytest.mark.parametrize("shape, temperature", [("6x3", 1.0), ("3x2", 0.7)])
+@pytest.mark.parametrize("shape, temperature", [("6x3", 1.0), ("3x2", 0.7), ("6x3/0.3", 1.0)])
 def test_sampled_trees_follow_the_verifiers_distribution(shape, temperature):
     n = 6_000
     counts = sample_trees(shape, n, temperature)
@@ -256,3 +285,15 @@ def test_a_tree_refuses_what_it_cannot_combine_with():
         decoder.generate(PROMPT, 3, 2, tree=TreeShape.parse("4x2"), selection=make_selection(2))
     with pytest.raises(AlignError, match="NODESxBRANCHING"):
         TreeShape.parse("many")
+    with pytest.raises(AlignError, match="NODESxBRANCHING/P"):
+        TreeShape.parse("11x3/often")
+    with pytest.raises(AlignError, match=r"a number in \[0, 1\)"):
+        TreeShape.parse("11x3/1.5")
+    assert TreeShape.parse("11x3/0.1") == TreeShape(11, 1 << 30, 3, 0.1)
+
+
+def test_a_floor_leaves_out_the_unlikely_nodes():
+    logq = log_rows({1: 0.6, 2: 0.3}, {3: 0.9}, {4: 0.55, 5: 0.4})
+    # path probabilities: 1 0.6, 1-3 0.54, 2 0.3, 1-3-4 0.297, 2-3 0.27, 1-3-5 0.216, ...
+    assert tree_from_marginals(logq, TreeShape(8, 3, 2, 0.28)).tokens.tolist() == [1, 3, 2, 4]
+    assert len(tree_from_marginals(logq, TreeShape(8, 3, 2, 0.7))) == 0  # nothing as likely: the root alone
