@@ -45,14 +45,15 @@ def heldout_curve(folder: Path) -> list[dict]:
 
 def train_point(recipe: str, folder: Path, rollouts: int | None, steps: int, evals: int, seed: int,
                 extra: list[str]) -> None:
-    """Train one point of the curve into ``folder`` (nothing to do when it finished); ``rollouts`` None: all."""
+    """Train one point of the curve into ``folder`` (nothing to do when it finished); ``rollouts`` None: all. It saves
+    at every held-out evaluation: a point cut short resumes from its last one when the curve runs again."""
     if (folder / "final" / "meta.json").is_file():
         return
     every = max(1, steps // evals)
     command = [sys.executable, "align/train.py", recipe, f"run.output_dir={folder}", f"run.seed={seed}",
                f"data.train_rollouts={'null' if rollouts is None else rollouts}", f"train.max_steps={steps}",
                f"train.eval_every={every}",
-               f"train.save_every={steps}", *extra]
+               f"train.save_every={every}", *extra]
     print("\n$ " + " ".join(command), flush=True)
     if subprocess.run(command, cwd=ROOT).returncode:
         raise SystemExit(f"failed: {' '.join(command)}")
