@@ -1,5 +1,5 @@
-"""What a verifier pass costs against the number of positions it scores, per weight dtype: the number every speedup
-divides by.
+"""What a verifier pass costs against the number of positions it scores, per weight dtype (and attention,
+``--attention align,transformers``): the number every speedup divides by.
 
     python bench/verify_cost.py --verifier zoo:smollm2-135m-instruct --dtype float32,bfloat16 \\
         --positions 1,2,3,4,6,8,12,16,17 --out runs/bench/verify-cost.json
@@ -27,6 +27,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--verifier", default="zoo:smollm2-135m-instruct")
     p.add_argument("--dtype", default="float32,bfloat16", help="weight dtypes (comma list)")
+    p.add_argument("--attention", default="align", help="the verifier's attention (comma list): align (its own: "
+                   "grouped heads read in place on the CPU, align.verifier.gqa_sdpa) or transformers (the model's "
+                   "sdpa as transformers runs it)")
     p.add_argument("--positions", default="1,2,3,4,6,8,12,16,17", help="positions scored per pass (comma list)")
     p.add_argument("--prefix", type=int, default=300, help="tokens in the cache before the first timed pass")
     p.add_argument("--reps", type=int, default=30)
@@ -40,28 +43,33 @@ def main() -> None:
 
     try:
         positions = [int(q) for q in args.positions.split(",")]
-        dtypes = args.dtype.split(",")
-        if min(positions) < 1 or args.reps <= 2 * args.trim:
+        attentions = args.attention.split(",")
+        if min(positions) < 1 or args.reps <= 2 * args.trim or not set(attentions) <= {"align", "transformers"}:
             raise ValueError
     except ValueError:
-        raise SystemExit("error: --positions takes whole numbers of at least 1 (e.g. 1,4,16), and --reps must "
-                         "exceed twice --trim") from None
+        raise SystemExit("error: --positions takes whole numbers of at least 1 (e.g. 1,4,16), --reps must exceed "
+                         "twice --trim, and --attention names align or transformers") from None
+    # a setting: a dtype, or "dtype attention" where more than one attention is compared
+    dtypes = [d if len(attentions) == 1 else f"{d} {a}" for d in args.dtype.split(",") for a in attentions]
     from align.loading import DTYPES, default_device, load_verifier_model
 
-    if unknown := [d for d in dtypes if d not in DTYPES]:
+    if unknown := [d for d in args.dtype.split(",") if d not in DTYPES]:
         raise SystemExit(f"error: unknown --dtype {unknown[0]}; choose from {', '.join(DTYPES)}")
     import torch
 
     from align.metrics import now
-    from align.verifier import Verifier
+    from align.verifier import GQA_SDPA, Verifier
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        verifiers = {d: Verifier(load_verifier_model(args.verifier, d, args.device or default_device())[0])
+        verifiers = {d: Verifier(load_verifier_model(args.verifier, d.split()[0], args.device or default_device())[0])
                      for d in dtypes}
     except AlignError as error:
         raise SystemExit(f"error: {error}") from None
+    for d, v in verifiers.items():
+        if d.endswith(" transformers") and v.model.config._attn_implementation == GQA_SDPA:
+            v.model.set_attn_implementation("sdpa")  # back to transformers' own
     vocab = min(v.model.config.get_text_config().vocab_size for v in verifiers.values())
     generator = torch.Generator(device="cpu").manual_seed(0)  # the same tokens on every device
     prompt = torch.randint(0, vocab, (args.prefix,), generator=generator, device="cpu").tolist()
