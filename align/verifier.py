@@ -34,9 +34,10 @@ def gqa_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.T
              is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention, except on the CPU for a pass over several positions under a mask — every block
     the verifier scores: there each key/value head serves its group of query heads in place (``enable_gqa``), where
-    transformers copies the keys and values once per group first (``repeat_kv``; it keeps the copy-free path to
-    unmasked or one-position passes, and to the CPU because masked GQA falls back to the math kernel on CUDA). The
-    same attention: a SmolLM2 pass over 12 positions after 300 costs 47.4 ms against 50.0 (docs/results.md)."""
+    transformers first copies the keys and values once per group (``repeat_kv``: it reads heads in place only without
+    a mask or for one position, since masked grouped-query attention falls back to the math kernel on CUDA). The
+    same attention, bit for bit: a SmolLM2 pass over 12 positions after 300 costs 47.4 ms against 50.4
+    (docs/results.md)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)

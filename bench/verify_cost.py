@@ -49,11 +49,12 @@ def main() -> None:
     except ValueError:
         raise SystemExit("error: --positions takes whole numbers of at least 1 (e.g. 1,4,16), --reps must exceed "
                          "twice --trim, and --attention names align or transformers") from None
+    dtypes = args.dtype.split(",")
     # a setting: a dtype, or "dtype attention" where more than one attention is compared
-    dtypes = [d if len(attentions) == 1 else f"{d} {a}" for d in args.dtype.split(",") for a in attentions]
+    settings = [d if len(attentions) == 1 else f"{d} {a}" for d in dtypes for a in attentions]
     from align.loading import DTYPES, default_device, load_verifier_model
 
-    if unknown := [d for d in args.dtype.split(",") if d not in DTYPES]:
+    if unknown := [d for d in dtypes if d not in DTYPES]:
         raise SystemExit(f"error: unknown --dtype {unknown[0]}; choose from {', '.join(DTYPES)}")
     import torch
 
@@ -64,7 +65,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     try:
         verifiers = {d: Verifier(load_verifier_model(args.verifier, d.split()[0], args.device or default_device())[0])
-                     for d in dtypes}
+                     for d in settings}
     except AlignError as error:
         raise SystemExit(f"error: {error}") from None
     for d, v in verifiers.items():
@@ -73,13 +74,13 @@ def main() -> None:
     vocab = min(v.model.config.get_text_config().vocab_size for v in verifiers.values())
     generator = torch.Generator(device="cpu").manual_seed(0)  # the same tokens on every device
     prompt = torch.randint(0, vocab, (args.prefix,), generator=generator, device="cpu").tolist()
-    times: dict[tuple[str, int], list[float]] = {(d, q): [] for d in dtypes for q in positions}
+    times: dict[tuple[str, int], list[float]] = {(d, q): [] for d in settings for q in positions}
     for v in verifiers.values():
         v.start(prompt)
         v.score(torch.zeros((1, 0), dtype=torch.long, device=v.device))
         v.commit(0, 0, 0)
     for rep in range(args.warmup + args.reps):
-        for d in dtypes:
+        for d in settings:
             for q in positions:
                 v = verifiers[d]
                 draft = torch.randint(0, vocab, (1, q - 1), generator=generator, device="cpu").to(v.device)
@@ -95,11 +96,11 @@ def main() -> None:
         return sum(xs) / len(xs)
 
     ms = {key: 1000 * trimmed(xs) for key, xs in times.items()}
-    lines = ["| positions scored | " + " | ".join(f"{d} ms | {d} cost (steps)" for d in dtypes) + " |",
-             "|---|" + "---|---|" * len(dtypes)]
+    lines = ["| positions scored | " + " | ".join(f"{d} ms | {d} cost (steps)" for d in settings) + " |",
+             "|---|" + "---|---|" * len(settings)]
     for q in positions:
         lines.append(f"| {q} | " + " | ".join(f"{ms[(d, q)]:.1f} | {ms[(d, q)] / ms[(d, positions[0])]:.2f}"
-                                              for d in dtypes) + " |")
+                                              for d in settings) + " |")
     print("\n".join(lines))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import align.speculative as speculative
 from align.drafters.base import DrafterKind
 from align.speculative import SpeculativeDecoder
 from align.trees import Tree, TreeShape, accept_greedy, accept_sampling, tree_from_marginals
-from align.verifier import Verifier, ar_generate
+from align.verifier import GQA_SDPA, Verifier, ar_generate
 from conftest import MASK, VOCAB, tiny_drafter, tiny_verifier
 from test_sampling import PROMPT, V, chi_square_p, exact_distribution
 
@@ -208,7 +208,7 @@ def test_the_tree_pass_is_what_sequential_passes_give(grouped, monkeypatch):
     with torch.no_grad():
         alone = model(input_ids=torch.tensor([prompt + [tokens[i] for i in path] + [11, 12, 13]])).logits[0, -3:]
     assert torch.allclose(after[0], alone.float(), atol=1e-6)
-    assert any(in_place) == grouped and model.config._attn_implementation == "align_sdpa"
+    assert any(in_place) == grouped and model.config._attn_implementation == GQA_SDPA
 
 
 def test_a_mask_that_lets_siblings_see_each_other_is_caught(monkeypatch):
