@@ -50,8 +50,8 @@ def main() -> None:
         raise SystemExit("error: --positions takes whole numbers of at least 1 (e.g. 1,4,16), --reps must exceed "
                          "twice --trim, and --attention names align or transformers") from None
     dtypes = args.dtype.split(",")
-    # a setting: a dtype, or "dtype attention" where more than one attention is compared
-    settings = [d if len(attentions) == 1 else f"{d} {a}" for d in dtypes for a in attentions]
+    # each setting, (dtype, attention), by its label: the dtype, with the attention where more than one is compared
+    settings = {d if len(attentions) == 1 else f"{d} {a}": (d, a) for d in dtypes for a in attentions}
     from align.loading import DTYPES, default_device, load_verifier_model
 
     if unknown := [d for d in dtypes if d not in DTYPES]:
@@ -64,13 +64,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        verifiers = {d: Verifier(load_verifier_model(args.verifier, d.split()[0], args.device or default_device())[0])
-                     for d in settings}
+        verifiers = {label: Verifier(load_verifier_model(args.verifier, d, args.device or default_device())[0])
+                     for label, (d, _) in settings.items()}
     except AlignError as error:
         raise SystemExit(f"error: {error}") from None
-    for d, v in verifiers.items():
-        if d.endswith(" transformers") and v.model.config._attn_implementation == GQA_SDPA:
-            v.model.set_attn_implementation("sdpa")  # back to transformers' own
+    for label, (_, attention) in settings.items():
+        if attention == "transformers" and verifiers[label].model.config._attn_implementation == GQA_SDPA:
+            verifiers[label].model.set_attn_implementation("sdpa")  # back to transformers' own
     vocab = min(v.model.config.get_text_config().vocab_size for v in verifiers.values())
     generator = torch.Generator(device="cpu").manual_seed(0)  # the same tokens on every device
     prompt = torch.randint(0, vocab, (args.prefix,), generator=generator, device="cpu").tolist()
