@@ -21,7 +21,7 @@ from align.drafters.base import DrafterKind
 from align.errors import AlignError
 from align.inference import grad_free
 from align.metrics import Block, DecodeStats, now
-from align.trees import accept_greedy, accept_sampling, tree_from_marginals
+from align.trees import TreeSizer, accept_greedy, accept_sampling, tree_from_marginals
 from align.verifier import Verifier
 
 
@@ -87,6 +87,7 @@ class SpeculativeDecoder:
         if eos_token_ids is None:
             eos_token_ids = []
         self.eos = {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids)
+        self.sizers: dict[tuple[int, int], TreeSizer] = {}  # sized trees (NODESxB/auto): what each shape earned
 
     def generate(self, prompt: list[int], max_new_tokens: int, gamma: int, steps: int = 1, temperature: float = 0.0,
                  seed: int = 0, selection=None, stop_below: float = 0.0, relaxed=None, tree=None) -> Generation:
@@ -214,6 +215,14 @@ class SpeculativeDecoder:
         device = self.verifier.device
         t2 = now(device)
         tree = tree_from_marginals(logq, shape)
+        sizer = None
+        if shape.sized and self.verifier.cached:  # the prompt's block scores the whole tree: its pass is a prefill
+            key = (shape.nodes, shape.branching)
+            if key not in self.sizers:
+                self.sizers[key] = TreeSizer(self.verifier.tree_cost(shape.nodes))
+                t2 = now(device)  # the measurement, once per verifier, is not this block's
+            sizer = self.sizers[key]
+            tree = sizer.size(tree)
         logits = self.verifier.score_tree(tree)  # (N + 1, V)
         if temperature > 0:
             path, next_token = accept_sampling(tree, (logits / temperature).softmax(-1), generator)
@@ -234,6 +243,8 @@ class SpeculativeDecoder:
         entropy = float(-(logp.exp() * logp).nan_to_num().sum(-1).mean())
         block = Block(g, len(kept), rank, entropy, produced, nodes=len(tree))
         block.drafter_s, block.verifier_s = drafter_s, t4 - t2
+        if sizer is not None:
+            sizer.observe(tree, len(path), produced, drafter_s + t4 - t2)
         out.stats.blocks.append(block)
         out.pieces.append((kept, next_token))
         return out.tokens + kept + ([] if next_token is None else [next_token]), block, next_token

@@ -12,6 +12,14 @@ nodes, each node's children drawn from the ``branching`` likeliest tokens of the
 exceeds its parent's, so the best nodes form a tree: best-first expansion). A confident drafter grows a long spine,
 an unsure one a bush; ``nodes`` is what the verifier pays for.
 
+**Size, by the machine** (``NODESxB/auto``, :class:`TreeSizer`): what a node costs is the verifier's, on this
+machine, in this dtype — flat for a few positions, then a slope that AMX halves — and what it earns is the chance the
+verifier keeps it. Each block keeps the first n nodes of its best-first tree that maximise α Σ_{i≤n} p_i − R c(n)
+(Dinkelbach's rule for the best ratio of tokens to seconds): p_i the nodes' path probabilities, α the drafter's
+calibration (tokens accepted per token it predicted, so far), R the tokens per second decoded so far, c(n) the
+verifier's measured seconds for a pass over n nodes (:class:`CostCurve`, probed once per verifier). A sure block
+grows a long spine, an unsure one a few first tokens, and a slow CPU smaller trees than a fast one.
+
 **Acceptance, exact.** Greedy: from the root (the last token the verifier has), move to the child whose token is the
 verifier's argmax there, while there is one; the verifier's argmax at the last node reached is the next token. The
 output is the verifier's greedy output token for token. Sampling: at each node draw x from the verifier's
@@ -24,9 +32,10 @@ and the path accepted with probability Σ_children p, the most any lossless rule
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,12 +46,13 @@ from align.errors import AlignError
 class TreeShape:
     """How big a tree is and how it branches: at most ``nodes`` nodes, ``depth`` levels (γ), each node's children
     among the ``branching`` likeliest tokens of the next position, none whose path probability is below
-    ``min_probability``."""
+    ``min_probability``; ``sized``: each block keeps as many of them as pay on this machine (:class:`TreeSizer`)."""
 
     nodes: int
     depth: int
     branching: int = 4
     min_probability: float = 0.0
+    sized: bool = False
 
     def __post_init__(self):
         if self.nodes < 1 or self.depth < 1 or self.branching < 1:
@@ -51,32 +61,37 @@ class TreeShape:
 
     @classmethod
     def parse(cls, spec: str) -> "TreeShape":
-        """``NODES[xBRANCHING][/P]``, e.g. ``16x4``: 16 nodes, the 4 likeliest tokens per position (depth: γ);
+        """``NODES[xBRANCHING][/P|/auto]``, e.g. ``16x4``: 16 nodes, the 4 likeliest tokens per position (depth: γ);
         ``11x3/0.1``: only nodes whose path probability is at least 0.1 (a block whose every candidate is less
-        likely scores the verifier's one position: a pass over one position is the cheapest, docs/results.md)."""
+        likely scores the verifier's one position: a pass over one position is the cheapest, docs/results.md);
+        ``16x3/auto``: at most 16, each block as many as pay for their positions on this machine (TreeSizer)."""
         shape, _, floor = spec.partition("/")
         head, _, branching = shape.partition("x")
+        sized = floor == "auto"
         try:
-            made = cls(int(head), 1 << 30, int(branching) if branching else 4, float(floor) if floor else 0.0)
+            made = cls(int(head), 1 << 30, int(branching) if branching else 4,
+                       float(floor) if floor and not sized else 0.0, sized)
         except ValueError:
-            raise AlignError(f"--tree {spec!r}: write NODES, NODESxBRANCHING or NODESxBRANCHING/P, e.g. 16x4 or "
-                             "11x3/0.1") from None
+            raise AlignError(f"--tree {spec!r}: write NODES, NODESxBRANCHING, NODESxBRANCHING/P or "
+                             "NODESxBRANCHING/auto, e.g. 16x4, 11x3/0.1 or 16x3/auto") from None
         if not 0 <= made.min_probability < 1:
             raise AlignError(f"--tree {spec!r}: /P is the least path probability a node needs, a number in [0, 1)")
         return made
 
     def at_depth(self, depth: int) -> "TreeShape":
-        return TreeShape(self.nodes, min(self.depth, depth), self.branching, self.min_probability)
+        return TreeShape(self.nodes, min(self.depth, depth), self.branching, self.min_probability, self.sized)
 
 
 @dataclass
 class Tree:
     """Nodes in topological order (a parent before its children): ``tokens`` (N,), ``parents`` (N,) (−1: a child of
-    the root, the last token the verifier has), ``depth`` (N,) from 1. Siblings carry distinct tokens."""
+    the root, the last token the verifier has), ``depth`` (N,) from 1. Siblings carry distinct tokens. ``logp``: the
+    nodes' log path probabilities under the drafter, where it grew them (best-first: never increasing)."""
 
     tokens: torch.Tensor
     parents: torch.Tensor
     depth: torch.Tensor
+    logp: list[float] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -96,6 +111,10 @@ class Tree:
             if parent >= 0:
                 seen[i] |= seen[parent]
         return seen
+
+    def first(self, n: int) -> "Tree":
+        """The first ``n`` nodes: a tree too (a parent comes before its children)."""
+        return Tree(self.tokens[:n], self.parents[:n], self.depth[:n], self.logp[:n])
 
     def path(self, node: int) -> list[int]:
         """The nodes from the root's child down to ``node`` (−1: none)."""
@@ -117,7 +136,7 @@ def tree_from_marginals(logq: torch.Tensor, shape: TreeShape) -> Tree:
     top = logq[:gamma].float().topk(min(shape.branching, logq.shape[-1]), dim=-1)
     values, indices = top.values.tolist(), top.indices.tolist()  # (γ, b): the candidates of each depth
     floor = float("-inf") if shape.min_probability <= 0 else math.log(shape.min_probability)
-    tokens, parents, depths = [], [], []
+    tokens, parents, depths, logp = [], [], [], []
     heap = [(-values[0][r], 0, r, -1) for r in range(len(values[0]))]  # (−log path probability, depth − 1, rank, parent)
     heapq.heapify(heap)
     while heap and len(tokens) < shape.nodes:
@@ -128,13 +147,81 @@ def tree_from_marginals(logq: torch.Tensor, shape: TreeShape) -> Tree:
         tokens.append(indices[level][rank])
         parents.append(parent)
         depths.append(level + 1)
+        logp.append(-score)
         if level + 1 < gamma:
             for r in range(len(values[level + 1])):
                 heapq.heappush(heap, (score - values[level + 1][r], level + 1, r, node))
     device = logq.device
     return Tree(torch.tensor(tokens, dtype=torch.long, device=device),
                 torch.tensor(parents, dtype=torch.long, device=device),
-                torch.tensor(depths, dtype=torch.long, device=device))
+                torch.tensor(depths, dtype=torch.long, device=device), logp)
+
+
+@dataclass
+class CostCurve:
+    """The verifier's seconds for one pass over ``nodes[i]`` tree nodes (after its pending tokens): ``seconds[i]``,
+    measured; between two measured sizes linear, past the last one its slope, never decreasing."""
+
+    nodes: list[int]
+    seconds: list[float]
+
+    def __post_init__(self):
+        if not self.nodes or sorted(self.nodes) != self.nodes or len(self.nodes) != len(self.seconds):
+            raise AlignError("a cost curve needs one time per size, the sizes increasing")
+        self.seconds = [max(self.seconds[:i + 1]) for i in range(len(self.seconds))]  # timing noise is not a saving
+
+    def __call__(self, n: int) -> float:
+        i = min(max(bisect.bisect_left(self.nodes, n), 1), len(self.nodes) - 1)
+        if len(self.nodes) == 1:
+            return self.seconds[0]
+        (n0, n1), (s0, s1) = self.nodes[i - 1:i + 1], self.seconds[i - 1:i + 1]
+        return s0 + (s1 - s0) * max(n - n0, 0) / (n1 - n0)
+
+
+def sized_tree(tree: Tree, cost: CostCurve, rate: float, alpha: float) -> Tree:
+    """The first n nodes of ``tree`` (best-first) that maximise α Σ_{i≤n} p_i − R c(n), at least one.
+
+    Σ_{i≤n} p_i is what the n likeliest nodes add to the tokens a block keeps (a node is kept with its path's
+    probability, when the drafter is calibrated: α rescales it), R c(n) what their pass costs in tokens at the rate
+    R decoded so far (tokens per second): the block that maximises it moves the whole run's tokens per second up
+    (Dinkelbach, 1967)."""
+    best, best_gain, earned = 1, -math.inf, 0.0
+    for n, logp in enumerate(tree.logp, start=1):
+        earned += math.exp(logp)
+        gain = alpha * earned - rate * cost(n)
+        if gain > best_gain:
+            best, best_gain = n, gain
+    return tree.first(best) if tree.logp else tree
+
+
+class TreeSizer:
+    """What a tree of the shape earned so far on one verifier: the drafter's calibration α (tokens accepted per
+    token its path probabilities predicted) and the rate R (tokens per second), the two numbers
+    :func:`sized_tree` needs beside the verifier's :class:`CostCurve`. Both start from a prior of one block (α 1,
+    R one token per plain verifier step) and follow the blocks it sees."""
+
+    def __init__(self, cost: CostCurve):
+        self.cost = cost
+        self.predicted = self.accepted = 1.0
+        self.tokens, self.seconds = 1.0, cost(0)
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.predicted
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+    def size(self, tree: Tree) -> Tree:
+        return sized_tree(tree, self.cost, self.rate, self.alpha)
+
+    def observe(self, tree: Tree, accepted: int, produced: int, seconds: float) -> None:
+        """A block verified: ``tree`` scored, ``accepted`` of its nodes kept, ``produced`` tokens in ``seconds``."""
+        self.predicted += sum(math.exp(x) for x in tree.logp)
+        self.accepted += accepted
+        self.tokens += produced
+        self.seconds += seconds
 
 
 def accept_greedy(tree: Tree, logits: torch.Tensor) -> tuple[list[int], int]:

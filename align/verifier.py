@@ -13,6 +13,7 @@ rolls the cache back to what was accepted.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from align.inference import cache_keyword, forward_accepts, grad_free, lean_defa
 from align.errors import AlignError
 from align.features import FeatureTap
 from align.metrics import now
+from align.trees import CostCurve, Tree
 
 
 GQA_SDPA = "align_sdpa"  # the verifier's attention where transformers' would be "sdpa" (gqa_sdpa)
@@ -94,6 +96,7 @@ class Verifier:
         self.features: torch.Tensor | None = None  # (positions run and kept, F) while recording
         self._feature_buffer: torch.Tensor | None = None  # the storage features is the first rows of
         self._rows: tuple[int, torch.Tensor] | None = None  # (first position, features) of the last score call
+        self._costs: dict[tuple[int, int], CostCurve] = {}  # tree_cost's measurements
 
     def record(self, layers: list[int] | None) -> None:
         """Keep the hidden states after ``layers`` (0-based) at every kept position from now on (None: stop)."""
@@ -173,6 +176,32 @@ class Verifier:
             if self.tap is not None:
                 self._rows = (self.cached, self.tap.take())
             return logits.float()
+
+    def tree_cost(self, nodes: int, reps: int = 5) -> CostCurve:
+        """What a pass over a token tree of 0..``nodes`` nodes costs here (:class:`align.trees.CostCurve`): timed at
+        a few sizes (the fastest of ``reps`` passes, after a warm-up) from the current state, which is left as it
+        was; measured once per verifier and size, after the prompt's pass (the sizes cost what they cost at a
+        decoding step, not at a prefill)."""
+        if not self.cached:
+            raise AlignError("a tree's cost is measured at a decoding step: score the prompt first")
+        key = (nodes, len(self.pending))
+        if key in self._costs:
+            return self._costs[key]
+        sizes = sorted({0, 1, nodes} | {n for n in (2, 4, 8, 12, 16, 24, 32, 48, 64) if n < nodes})
+        token, seconds = self.pending[-1], []
+        for n in [nodes] + sizes:  # the first: a warm-up
+            star = Tree(torch.full((n,), token, device=self.device), torch.full((n,), -1, device=self.device),
+                        torch.ones(n, dtype=torch.long, device=self.device))  # a bush, as a tree's mask makes it
+            best = math.inf
+            for _ in range(reps):
+                t0 = now(self.device)
+                self.score_tree(star)
+                best = min(best, now(self.device) - t0)
+                self.cache.crop(-(len(self.pending) + n))
+            seconds.append(best)
+        self._last = self._rows = None
+        self._costs[key] = CostCurve(sizes, seconds[1:])
+        return self._costs[key]
 
     def _tree_mask(self, n: int, tree: Any) -> dict[str, torch.Tensor]:
         """The additive mask (1, 1, n + N, cached + n + N) and position ids of ``n`` pending tokens and ``tree``: each

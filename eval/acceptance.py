@@ -104,10 +104,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stop-below", type=comma_list(float), default=[0.0], metavar="P",
                    help="stop rule: a block ends before the first position whose likeliest token the drafter gives "
                         "less probability than P (comma list; 0: every block drafts γ)")
-    p.add_argument("--tree", type=comma_list(str), default=["none"], metavar="NODESxBRANCHING[/P]",
+    p.add_argument("--tree", type=comma_list(str), default=["none"], metavar="NODESxBRANCHING[/P|/auto]",
                    help="verify a token tree grown from the drafter's marginals instead of one draft: at most NODES "
                         "candidates, each position's BRANCHING likeliest tokens, depth γ, none whose path probability "
-                        "is below P (align/trees.py; comma list, none: one draft)")
+                        "is below P; /auto: each block as many as pay for their positions on this machine (the "
+                        "verifier's cost measured at the warm-up; align/trees.py; comma list, none: one draft)")
     p.add_argument("--k", type=comma_list(int), default=None,
                    help="drafts per block, self-selection (comma list; default: the checkpoint recipe's selection.k, else 1)")
     p.add_argument("--drafter-temperature", type=comma_list(float), default=None,
@@ -364,6 +365,10 @@ def main(argv: list[str]) -> int:
             decoder, swept = load_decoder(args, path, kind, verifier_model, verifier, tokenizer, verifier_path, eos,
                                           device)
             decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], swept[0]["steps"])  # warm-up, untimed
+            for tree in sorted({s["tree"] for s in swept if s["tree"] and TreeShape.parse(s["tree"]).sized}):
+                # a sized tree measures the verifier's cost once and learns its drafter's calibration: untimed too
+                decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], swept[0]["steps"],
+                                 tree=TreeShape.parse(tree))
             jobs += drafter_jobs(args, label, path, decoder, swept)
         run_jobs(jobs, encoded, device)
         for job in phase_references:

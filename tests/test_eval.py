@@ -301,13 +301,16 @@ def test_ckpt_takes_every_drafter_the_drafter_flag_takes(exported, world_prompts
 
 
 def test_token_trees_run_in_the_same_loop_and_sweep_with_the_rest(exported, world_prompts, tmp_path):
-    """``--tree none,4x2,12x4``: each shape is a setting of its own beside one draft per block, lossless, with its
-    candidates per block reported; a malformed shape is one line before anything loads."""
+    """``--tree none,4x2,12x4,12x4/auto``: each shape is a setting of its own beside one draft per block, lossless,
+    with its candidates per block reported (a sized tree at most its NODES); a malformed shape is one line before
+    anything loads."""
     out = tmp_path / "eval"
     assert evaluate(["--ckpt", str(exported), "--baseline", "none", "--prompts", str(world_prompts), "--limit", "3",
-                     "--gamma", "4", "--max-new-tokens", "12", "--tree", "none,4x2,12x4", "--out", str(out)]) == 0
+                     "--gamma", "4", "--max-new-tokens", "12", "--tree", "none,4x2,12x4,12x4/auto",
+                     "--out", str(out)]) == 0
     rows = json.loads((out / "acceptance.json").read_text())["results"]
-    assert [r["tree"] for r in rows] == [None, "4x2", "12x4"]
+    assert [r["tree"] for r in rows] == [None, "4x2", "12x4", "12x4/auto"]
+    assert 1 <= rows[3]["tree_nodes_mean"] <= 12
     assert all(r["lossless"] is True for r in rows)
     assert rows[0]["tree_nodes_mean"] is None and 1 <= rows[1]["tree_nodes_mean"] <= 4 < rows[2]["tree_nodes_mean"]
     assert "tree 12x4" in (out / "report.md").read_text()

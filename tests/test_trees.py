@@ -4,6 +4,7 @@ over many random cases; a broken mask and a broken sibling rule are caught."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -13,7 +14,8 @@ import torch
 import align.speculative as speculative
 from align.drafters.base import DrafterKind
 from align.speculative import SpeculativeDecoder
-from align.trees import Tree, TreeShape, accept_greedy, accept_sampling, tree_from_marginals
+from align.errors import AlignError
+from align.trees import CostCurve, Tree, TreeShape, accept_greedy, accept_sampling, sized_tree, tree_from_marginals
 from align.verifier import GQA_SDPA, Verifier, ar_generate
 from conftest import MASK, VOCAB, tiny_drafter, tiny_verifier
 from test_sampling import PROMPT, V, chi_square_p, exact_distribution
@@ -91,7 +93,7 @@ class Ranked(DrafterKind):
         return logits.log_softmax(-1)
 
 
-SHAPES = ("1x1", "4x1", "4x2", "8x4", "24x4", "64x8", "8x4/0.05")  # the last: no node below 0.05
+SHAPES = ("1x1", "4x1", "4x2", "8x4", "24x4", "64x8", "8x4/0.05", "24x4/auto")  # no node below 0.05; sized here
 
 
 def check_greedy_tree(drafter, model, seed: int, gamma: int, shape: str, eos_inside: bool):
@@ -106,11 +108,11 @@ def check_greedy_tree(drafter, model, seed: int, gamma: int, shape: str, eos_ins
 
 
 def test_greedy_trees_are_the_verifiers_output_token_for_token():
-    """Seven tree shapes (a single node to 64 nodes of branching 8, and one that leaves out nodes below a path
-    probability), γ 1, 4 and 8, EOS inside and outside, against drafters that hold the verifier's tokens at random
-    ranks (168 cases): every output is generate's; trees that branch accept more than the chain of the same drafter;
-    whole, partial and empty paths all occur, and blocks whose every candidate falls below the floor score the
-    verifier's one position (an empty tree)."""
+    """Eight tree shapes (a single node to 64 nodes of branching 8, one that leaves out nodes below a path
+    probability, one sized by the verifier's cost), γ 1, 4 and 8, EOS inside and outside, against drafters that hold
+    the verifier's tokens at random ranks (192 cases): every output is generate's; trees that branch accept more
+    than the chain of the same drafter; whole, partial and empty paths all occur, and blocks whose every candidate
+    falls below the floor score the verifier's one position (an empty tree)."""
     accepted: dict[str, list[tuple[int, int]]] = {}
     nodes: list[int] = []
     for seed in range(4):
@@ -120,7 +122,7 @@ def test_greedy_trees_are_the_verifiers_output_token_for_token():
                 for eos_inside in (False, True):
                     out = check_greedy_tree(Ranked(model, seed), model, seed, gamma, shape, eos_inside)
                     accepted.setdefault(shape, []).extend((b.accepted, b.gamma) for b in out.stats.blocks if b.gamma)
-                    if "/" in shape:
+                    if "/0" in shape:
                         nodes.extend(b.nodes for b in out.stats.blocks if b.gamma)
     mean = {shape: sum(a for a, _ in blocks) / len(blocks) for shape, blocks in accepted.items()}
     assert 0 in nodes and max(nodes) > 1, nodes
@@ -241,7 +243,7 @@ def sample_trees(shape: str, n: int, temperature: float = 1.0) -> Counter:
                                           tree=TreeShape.parse(shape)).tokens) for s in range(n))
 
 
-@pytest.mark.parametrize("shape, temperature", [("6x3", 1.0), ("3x2", 0.7), ("6x3/0.3", 1.0)])
+@pytest.mark.parametrize("shape, temperature", [("6x3", 1.0), ("3x2", 0.7), ("6x3/0.3", 1.0), ("8x3/auto", 1.0)])
 def test_sampled_trees_follow_the_verifiers_distribution(shape, temperature):
     n = 6_000
     counts = sample_trees(shape, n, temperature)
@@ -276,7 +278,6 @@ def test_the_same_check_rejects_a_broken_sibling_rule(monkeypatch):
 
 
 def test_a_tree_refuses_what_it_cannot_combine_with():
-    from align.errors import AlignError
     from align.selection import make_selection
 
     verifier, drafter = sampling_models()
@@ -290,6 +291,7 @@ def test_a_tree_refuses_what_it_cannot_combine_with():
     with pytest.raises(AlignError, match=r"a number in \[0, 1\)"):
         TreeShape.parse("11x3/1.5")
     assert TreeShape.parse("11x3/0.1") == TreeShape(11, 1 << 30, 3, 0.1)
+    assert TreeShape.parse("16x3/auto") == TreeShape(16, 1 << 30, 3, 0.0, sized=True)
 
 
 def test_a_floor_leaves_out_the_unlikely_nodes():
@@ -297,3 +299,48 @@ def test_a_floor_leaves_out_the_unlikely_nodes():
     # path probabilities: 1 0.6, 1-3 0.54, 2 0.3, 1-3-4 0.297, 2-3 0.27, 1-3-5 0.216, ...
     assert tree_from_marginals(logq, TreeShape(8, 3, 2, 0.28)).tokens.tolist() == [1, 3, 2, 4]
     assert len(tree_from_marginals(logq, TreeShape(8, 3, 2, 0.7))) == 0  # nothing as likely: the root alone
+
+
+def test_a_sized_tree_keeps_the_nodes_that_pay():
+    """Dinkelbach's rule on a best-first tree: a node stays while what it earns (α p) beats what its position costs at
+    the rate so far (R Δc); the positions a pass gets for free are always filled, a dear slope keeps the sure nodes
+    only, and an overconfident drafter (α < 1) gets fewer."""
+    logq = log_rows({1: 0.6, 2: 0.3}, {3: 0.9}, {4: 0.55, 5: 0.4})
+    tree = tree_from_marginals(logq, TreeShape(8, 3, 2))
+    # path probabilities, best-first: 0.6, 0.54, 0.3, 0.297, 0.27, 0.216, ...
+    assert [round(math.exp(x), 3) for x in tree.logp[:6]] == [0.6, 0.54, 0.3, 0.297, 0.27, 0.216]
+    flat = CostCurve([0, 4, 8], [0.05, 0.05, 0.05])
+    assert len(sized_tree(tree, flat, rate=30.0, alpha=1.0)) == len(tree)  # nothing to pay: every node
+    steep = CostCurve([0, 2, 8], [0.05, 0.05, 0.08])  # 5 ms a node past 2; at 30 tok/s a node costs 0.15 tokens
+    kept = sized_tree(tree, steep, rate=30.0, alpha=1.0)
+    assert kept.tokens.tolist() == tree.tokens[:6].tolist()  # 0.216 > 0.15 stays, 0.1485 does not
+    assert len(sized_tree(tree, steep, rate=30.0, alpha=0.6)) == 5  # α p: … 0.162 stays, 0.1296 does not
+    assert len(sized_tree(tree, steep, rate=300.0, alpha=1.0)) == 2  # a fast run pays 1.5 tokens a node
+    with pytest.raises(AlignError, match="increasing"):
+        CostCurve([4, 2], [0.1, 0.2])
+    curve = CostCurve([0, 4, 8], [0.04, 0.03, 0.06])  # noise below the first size is not a saving
+    assert curve(2) == 0.04 and curve(6) == 0.05 and curve(12) == pytest.approx(0.08)
+
+
+def test_the_cost_probe_leaves_the_verifier_as_it_was():
+    """tree_cost times passes of 0..N nodes from the decoding state and crops them away: the generation that measured
+    it is the verifier's own, and a sized tree's decoder learns its calibration and rate from the blocks it sees."""
+    model = tiny_verifier(1)
+    verifier = Verifier(model)
+    verifier.start([5, 6, 7])
+    with pytest.raises(AlignError, match="score the prompt first"):
+        verifier.tree_cost(8)
+    before = verifier.score(torch.tensor([[8, 9]]))
+    verifier.commit(0, 2, 10)
+    cost = verifier.tree_cost(8)
+    assert cost.nodes[0] == 0 and cost.nodes[-1] == 8 and all(s > 0 for s in cost.seconds)
+    assert verifier.tree_cost(8) is cost  # once per verifier
+    after = verifier.score(torch.tensor([[11]]))
+    with torch.no_grad():
+        alone = model(input_ids=torch.tensor([[5, 6, 7, 8, 9, 10, 11]])).logits[0, -2:].float()
+    assert torch.allclose(after[0], alone, atol=1e-6) and before.shape == (1, 3, VOCAB)
+    decoder = SpeculativeDecoder(Ranked(model, 1), Verifier(model), eos_token_ids=[])
+    out = decoder.generate([5, 6, 7], 40, 4, tree=TreeShape.parse("16x4/auto"))
+    assert out.tokens == ar_generate(model, [5, 6, 7], 40, eos_token_ids=[])
+    sizer = decoder.sizers[(16, 4)]
+    assert sizer.tokens > 1 + 20 and sizer.accepted > 1 and sizer.rate > 0
