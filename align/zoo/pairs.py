@@ -110,9 +110,10 @@ PAIRS: dict[str, RealPair] = {p.name: p for p in (
             "recipes/smollm2-dflash.yaml", "zoo:smollm2-exit", "runs/smollm2-ar",
             # the assistant trains 15 minutes, not the drafter's ~35: make real's two hours (docs/real.md)
             ("--lr", "1e-3", "--batch-size", "8", "--warmup", "10", "--eval-every", "0", "--seconds", "900"),
-            # trees of 11 nodes, the 3 likeliest tokens a position; the n-gram match mixed into the drafter's rows
-            # at 0.7 beside the match alone where there is one (chosen on the left-out questions: docs/results.md)
-            ("--gamma", "8", "--tree", "11x3", "--drafter-dtype", "int8", "--prompt-lookup", "3,10",
+            # trees of at most 16 nodes, the 4 likeliest tokens a position, sized each block by what a node costs
+            # on the machine (/auto; the best fixed size was 11x3 with AMX, 6x3 without); the n-gram match mixed into
+            # the drafter's rows at 0.7 beside the match alone where there is one (docs/results.md)
+            ("--gamma", "8", "--tree", "16x4/auto", "--drafter-dtype", "int8", "--prompt-lookup", "3,10",
              "--drafter", "lookup=ngram:3", "--drafter", "lookup+dflash=ngram:3+runs/smollm2-dflash/final",
              "--drafter", "mixed=ngram:3@0.7+runs/smollm2-dflash/final"))),
     RealPair(
