@@ -171,9 +171,9 @@ class CostCurve:
         self.seconds = [max(self.seconds[:i + 1]) for i in range(len(self.seconds))]  # timing noise is not a saving
 
     def __call__(self, n: int) -> float:
-        i = min(max(bisect.bisect_left(self.nodes, n), 1), len(self.nodes) - 1)
         if len(self.nodes) == 1:
             return self.seconds[0]
+        i = min(max(bisect.bisect_left(self.nodes, n), 1), len(self.nodes) - 1)
         (n0, n1), (s0, s1) = self.nodes[i - 1:i + 1], self.seconds[i - 1:i + 1]
         return s0 + (s1 - s0) * max(n - n0, 0) / (n1 - n0)
 

@@ -365,10 +365,10 @@ def main(argv: list[str]) -> int:
             decoder, swept = load_decoder(args, path, kind, verifier_model, verifier, tokenizer, verifier_path, eos,
                                           device)
             decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], swept[0]["steps"])  # warm-up, untimed
-            for tree in sorted({s["tree"] for s in swept if s["tree"] and TreeShape.parse(s["tree"]).sized}):
-                # a sized tree measures the verifier's cost once and learns its drafter's calibration: untimed too
-                decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], swept[0]["steps"],
-                                 tree=TreeShape.parse(tree))
+            for tree in sorted({s["tree"] for s in swept if s["tree"]}):
+                shape = TreeShape.parse(tree)
+                if shape.sized:  # it measures the verifier's cost once and learns its drafter's calibration: untimed
+                    decoder.generate(encoded[0], args.max_new_tokens, args.gamma[0], swept[0]["steps"], tree=shape)
             jobs += drafter_jobs(args, label, path, decoder, swept)
         run_jobs(jobs, encoded, device)
         for job in phase_references:
