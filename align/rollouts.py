@@ -204,6 +204,9 @@ class VLLMBackend:
     """``vllm.LLM.generate`` over token-id prompts, one seeded ``SamplingParams`` per prompt."""
 
     def __init__(self, recipe: Recipe):
+        from align.machine import vllm_on_every_core
+
+        vllm_on_every_core()
         try:
             from vllm import LLM
         except ImportError:

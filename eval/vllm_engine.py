@@ -103,6 +103,9 @@ def run_child(argv: list[str], config: dict[str, Any], env: dict[str, str], what
 
 
 def _child(config: dict[str, Any]) -> dict[str, Any]:
+    from align.machine import vllm_on_every_core
+
+    vllm_on_every_core()
     from vllm import LLM, SamplingParams
     from vllm.v1.metrics.reader import Vector
 

@@ -337,3 +337,22 @@ def test_every_loading_path_keeps_hub_kernels_off_unless_asked(model_dirs):
     load_drafter(f"ngram:2+{model_dirs['mdlm']}", verifier, model)
     with pytest.raises(AssertionError, match="Hub's kernels"):
         pretrained(AutoModelForCausalLM, verifier, hub_kernels=True)
+
+
+def test_vllm_on_the_cpu_runs_its_engine_here_and_its_model_on_every_core(monkeypatch):
+    """vLLM's CPU build keeps a core for its engine process unless told otherwise (2 cores: the model on one)."""
+    from align.machine import vllm_on_every_core
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    vllm_on_every_core()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the user's engine process keeps its core
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU")
+    vllm_on_every_core()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1" and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU build: vLLM's own defaults
+    vllm_on_every_core()
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
