@@ -344,8 +344,8 @@ def test_vllm_on_the_cpu_runs_its_engine_here_and_its_model_on_every_core(monkey
     from align.machine import vllm_on_every_core
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
-        monkeypatch.delenv(name, raising=False)
+    # a copy of the environment without vLLM's variables, so that nothing set here outlives the test
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")})
     vllm_on_every_core()
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the user's engine process keeps its core
