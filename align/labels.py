@@ -19,6 +19,11 @@ of :data:`INSTRUCTIONS` and the rest as the response, documents whose words over
 renamed into place when whole, resumable, sharded) under ``<cache>/labels/<fingerprint>/``, in the source's order:
 ``data.text_rows`` takes the first rows, and a larger set extends a smaller one.
 
+Where the recipe trains from a feature cache (``data.feature_cache``), the labelling pass also keeps the verifier's
+features of every row at the layers the drafter reads (``features-<layers>/<chunk>.pt``, the verifier's dtype): the
+cache then copies them instead of running the text through the verifier a second time (``align.dflash.cache``). A
+chunk labelled without them (another drafter's layers, an earlier run) is simply run again there.
+
 Rows: ``prompt_id``, ``category`` (``text:<source>``), ``prompt_ids``, ``response_ids``, ``label_ids``.
 """
 
@@ -27,8 +32,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import re
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +44,7 @@ from tqdm.auto import tqdm
 
 from align.config import Recipe, load_recipe
 from align.errors import AlignError, run_cli
+from align.families import traits
 from align.locks import exclusive
 from align.prompts import encode_prompt
 from align.rollouts import CHUNKS, META, _check_meta, _save_chunk
@@ -59,6 +67,30 @@ def label_meta(recipe: Recipe) -> dict[str, Any]:
 def labels_dir(recipe: Recipe) -> Path:
     digest = hashlib.sha256(json.dumps(label_meta(recipe), sort_keys=True).encode()).hexdigest()[:12]
     return cache_dir() / "labels" / digest
+
+
+def feature_layers(recipe: Recipe) -> list[int] | None:
+    """The verifier layers whose features the recipe's training caches (``data.feature_cache`` with a drafter that
+    reads them; its config's ``dflash_config.target_layer_ids``), or None: what the labelling pass keeps."""
+    if not (recipe.data.feature_cache and traits(recipe.drafter.family).reads_features):
+        return None
+    from transformers import PretrainedConfig
+
+    config, _ = PretrainedConfig.get_config_dict(resolve(recipe.drafter.path))
+    return list(config.get("dflash_config", {}).get("target_layer_ids", [])) or None
+
+
+def features_dir(recipe: Recipe, layers: list[int]) -> Path:
+    return labels_dir(recipe) / ("features-" + "-".join(map(str, layers)))
+
+
+def text_features(recipe: Recipe, layers: list[int]) -> dict[str, torch.Tensor]:
+    """The features the labelling pass kept at ``layers``, per row id (memory-mapped): (tokens of prompt ‖ response,
+    len(layers) · hidden)."""
+    found: dict[str, torch.Tensor] = {}
+    for path in sorted(features_dir(recipe, layers).glob("*.pt")):
+        found.update(torch.load(path, mmap=True, weights_only=True))
+    return found
 
 
 def check_text(source: str | None) -> None:
@@ -104,7 +136,7 @@ def text_rows(source: str, count: int | None, seed: int = 0) -> list[dict[str, s
 
 class Labeller:
     """The verifier (the recipe's dtype, on ``device``), reading rows of fixed text in batches: its argmax after every
-    prefix of each response."""
+    prefix of each response and, with ``layers``, its features there."""
 
     def __init__(self, recipe: Recipe, device: str | None = None):
         from align.loading import default_device, load_verifier_model
@@ -113,8 +145,16 @@ class Labeller:
                                                          device or default_device(),
                                                          hub_kernels=recipe.run.hub_kernels)
 
-    @torch.no_grad()
     def label(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[int]]:
+        return self.label_and_features(prompts, responses)[0]
+
+    @torch.no_grad()
+    def label_and_features(self, prompts: list[list[int]], responses: list[list[int]], layers: list[int] | None = None
+                           ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
+        """The labels of each row and, with ``layers``, its features (prompt ‖ response tokens, on the CPU) from the
+        same pass."""
+        from align.features import FeatureTap
+
         device = self.model.device
         seqs = [p + r for p, r in zip(prompts, responses)]
         width = max(map(len, seqs))
@@ -123,8 +163,15 @@ class Labeller:
         for i, seq in enumerate(seqs):
             ids[i, :len(seq)] = torch.tensor(seq, device=device)
             mask[i, :len(seq)] = 1
-        argmax = self.model(input_ids=ids, attention_mask=mask).logits.argmax(-1).tolist()  # after each prefix
-        return [argmax[i][len(p) - 1:len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
+        features = None
+        with FeatureTap(self.model, layers) if layers else nullcontext() as tap:
+            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+            if tap is not None:
+                taken = tap.take().to("cpu")
+                features = [taken[i, :len(seq)].clone() for i, seq in enumerate(seqs)]  # clone: not the batch's storage
+        argmax = logits.argmax(-1).tolist()  # after each prefix
+        labels = [argmax[i][len(p) - 1:len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
+        return labels, features
 
 
 def generate_labels(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=None, progress: bool = True,
@@ -148,6 +195,9 @@ def generate_labels(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=Non
     if shard == 0 and not (out / META).is_file():
         (out / META).write_text(json.dumps(meta, indent=1))
     todo = [i for i in range(len(chunks)) if i % shards == shard and not (out / CHUNKS / f"{i:05d}").is_dir()]
+    layers = feature_layers(recipe) if todo else None
+    if layers:
+        features_dir(recipe, layers).mkdir(exist_ok=True)
     if todo:
         labeller = Labeller(recipe, device)
         tokenizer = labeller.tokenizer
@@ -159,9 +209,15 @@ def generate_labels(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=Non
                 prompts = [encode_prompt(tokenizer, r["prompt"]) for r in part]
                 responses = [tokenizer(r["response"], add_special_tokens=False)["input_ids"][:d.text_tokens]
                              for r in part]
-                labels = []
+                labels, features = [], []
                 for lo in range(0, len(part), 8):  # the pass in batches of 8 rows
-                    labels += labeller.label(prompts[lo:lo + 8], responses[lo:lo + 8])
+                    y, f = labeller.label_and_features(prompts[lo:lo + 8], responses[lo:lo + 8], layers)
+                    labels += y
+                    features += f or []
+                if layers:  # before the chunk: a chunk in place has its features, unless labelled without them
+                    path = features_dir(recipe, layers) / f"{i:05d}.pt"
+                    torch.save({r["id"]: f for r, f in zip(part, features)}, path.with_suffix(".partial"))
+                    os.replace(path.with_suffix(".partial"), path)
                 _save_chunk(out / CHUNKS, i, [
                     {"prompt_id": r["id"], "category": r["category"], "prompt_ids": p, "response_ids": t,
                      "label_ids": y} for r, p, t, y in zip(part, prompts, responses, labels)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,3 +94,53 @@ def test_a_bad_text_source_is_one_line_before_anything_is_built(model_dirs, worl
     with pytest.raises(RecipeError, match="a mdlm drafter reads none"):
         load_recipe("recipes/tiny.yaml", overrides(model_dirs, world_prompts, tmp_path, "mdlm",
                                                    **{"data.text": bad}))
+
+
+def test_the_labelling_pass_keeps_the_texts_features_and_the_feature_cache_copies_them(model_dirs, world_prompts,
+                                                                                        tmp_path):
+    """With data.feature_cache, labelling keeps each row's features at the drafter's layers — the verifier's own
+    features of prompt ‖ response — and the cache copies them instead of running the text again (a marker written
+    into one chunk's features turns up in the cache; the other chunk's equal the verifier's)."""
+    from align.config import load_recipe
+    from align.dflash.cache import FeatureCache
+    from align.features import FeatureTap
+    from align.labels import Labeller, features_dir, feature_layers, generate_labels, text_features
+    from align.paths import cache_dir
+
+    source = tmp_path / "text.jsonl"
+    source.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"Say something about item {i}.",
+                                          "response": "a river runs by the city and the city sleeps " * (1 + i % 2)})
+                              + "\n" for i in range(10)))
+    out = tmp_path / "run"
+    args = overrides(model_dirs, world_prompts, out, "dflash", **{
+        "data.text": source, "data.text_rows": 9, "data.text_tokens": 16, "data.feature_cache": "true",
+        "train.max_steps": 1, "distill.objective": "streak_ce"})
+    recipe = load_recipe("recipes/tiny.yaml", args)
+    made = generate_labels(recipe)
+    layers = feature_layers(recipe)
+    assert layers == json.loads((Path(model_dirs["dflash"]) / "config.json").read_text())["dflash_config"][
+        "target_layer_ids"]
+    stored = text_features(recipe, layers)
+    assert set(made["prompt_id"]) <= set(stored)  # the chunk of rows 8-9 is labelled whole
+    verifier = Labeller(recipe, "cpu").model
+    with FeatureTap(verifier, layers, stop=True) as tap:
+        for row in made:
+            seq = row["prompt_ids"] + row["response_ids"]
+            alone = tap.run(verifier, input_ids=torch.tensor([seq]), use_cache=False)[0]
+            assert stored[row["prompt_id"]].shape == alone.shape
+            torch.testing.assert_close(stored[row["prompt_id"]], alone, atol=1e-5, rtol=1e-5)
+
+    first = features_dir(recipe, layers) / "00000.pt"  # the first chunk's 8 rows: a marker
+    torch.save({k: torch.full_like(v, 7.0) for k, v in torch.load(first, weights_only=True).items()}, first)
+    before = set((cache_dir() / "features").glob("*/index.json"))
+    assert run_main(args) == 0
+    built = set((cache_dir() / "features").glob("*/index.json")) - before
+    assert len(built) == 1
+    cache = FeatureCache(next(iter(built)).parent.name)
+    rows = len(cache.offsets) - 1  # the rollouts, then the 9 rows of text
+    marked = cache.take(list(range(rows - 9, rows - 1)), 64)
+    lengths = [len(r["prompt_ids"]) + len(r["response_ids"]) for r in made]
+    assert all((marked[k, :n] == 7.0).all() for k, n in enumerate(lengths[:8]))
+    last = cache.take([rows - 1], lengths[8])[0]
+    torch.testing.assert_close(last, stored[made[8]["prompt_id"]], atol=1e-5, rtol=1e-5)
+    assert not (cache.take([0], cache.offsets[1]) == 7.0).any()  # a rollout: run through the verifier

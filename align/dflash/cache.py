@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -46,10 +46,13 @@ def cache_key(fingerprint: str, dtype: torch.dtype, layers: list[int], sequences
 
 @torch.no_grad()
 def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], key: str,
-                batch_tokens: int = 16384, progress: bool = True) -> Path:
+                batch_tokens: int = 16384, progress: bool = True,
+                known: Callable[[], dict[int, torch.Tensor]] | None = None) -> Path:
     """Write the features of every sequence under the cache's ``key`` (nothing to do when it is there already);
     the verifier runs batches of about ``batch_tokens`` padded tokens, sorted by length, and stops after the deepest
-    layer read."""
+    layer read. ``known()``, called only when the cache is built, gives features already computed by another pass
+    of the same verifier (the labelled text's, ``align.labels``), per sequence index, at least as long as the
+    sequence: those are copied, not run again."""
     folder = cache_dir() / "features" / key
     with exclusive(folder.parent, key, f"the feature cache {folder}"):
         if (folder / INDEX).is_file():
@@ -66,8 +69,14 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
             with open(partial, "wb") as f:
                 f.truncate(offsets[-1] * width * dtype.itemsize)
             data = torch.from_file(str(partial), shared=True, size=offsets[-1] * width, dtype=dtype).view(-1, width)
-            order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
             bar = tqdm(total=offsets[-1], desc="features", unit="tok", disable=not progress, dynamic_ncols=True)
+            copied = set()
+            for i, features in (known() if known else {}).items():
+                if features.shape[0] >= len(sequences[i]) and features.shape[1] == width:
+                    data[offsets[i]:offsets[i + 1]] = features[:len(sequences[i])].to(dtype)
+                    copied.add(i)
+                    bar.update(len(sequences[i]))
+            order = sorted((i for i in range(len(sequences)) if i not in copied), key=lambda i: len(sequences[i]))
             lo = 0
             while lo < len(order):
                 hi = lo + 1  # the longest batch of similar lengths within the token budget

@@ -283,8 +283,8 @@ class FeatureStrategy(Strategy):
         if recipe.data.feature_cache:
             sequences = [r["prompt_ids"] + r["response_ids"] for r in rows]
             key = cache_key(fingerprint["verifier_fingerprint"], next(verifier.parameters()).dtype, layers, sequences)
-            if lead:
-                build_cache(verifier, layers, sequences, key)
+            if lead:  # labelled text's features come from its labelling pass where it kept them
+                build_cache(verifier, layers, sequences, key, known=lambda: labelled_features(recipe, layers, rows))
             barrier()
             feature_cache = FeatureCache(key)
         return {"mask_id": mask_id, "fingerprint": fingerprint, "feature_cache": feature_cache}
@@ -373,6 +373,16 @@ def draft_vocabulary(rows: list[dict], size: int) -> list[int]:
 
 #: the ways of training, by name
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (WindowStrategy, PackedStrategy, FeatureStrategy)}
+
+
+def labelled_features(recipe: Recipe, layers: list[int], rows: list[dict]) -> dict[int, torch.Tensor]:
+    """The features the labelling pass kept for the rows of labelled text among ``rows``, by row index."""
+    if not any("label_ids" in r for r in rows):
+        return {}
+    from align.labels import text_features
+
+    stored = text_features(recipe, layers)
+    return {i: stored[r["prompt_id"]] for i, r in enumerate(rows) if "label_ids" in r and r["prompt_id"] in stored}
 
 
 def strategy_for(recipe: Recipe) -> type[Strategy]:
