@@ -144,3 +144,15 @@ def test_the_labelling_pass_keeps_the_texts_features_and_the_feature_cache_copie
     last = cache.take([rows - 1], lengths[8])[0]
     torch.testing.assert_close(last, stored[made[8]["prompt_id"]], atol=1e-5, rtol=1e-5)
     assert not (cache.take([0], cache.offsets[1]) == 7.0).any()  # a rollout: run through the verifier
+
+
+def test_rows_of_text_sharing_an_id_are_run_again_rather_than_given_each_others_features(monkeypatch):
+    import align.labels
+    from align.distill.strategy import labelled_features
+
+    stored = {"a": torch.zeros(3, 2), "b": torch.ones(3, 2), "c": torch.ones(4, 2)}
+    monkeypatch.setattr(align.labels, "text_features", lambda recipe, layers: stored)
+    rows = [{"prompt_id": "a"}, {"prompt_id": "a", "label_ids": [1]}, {"prompt_id": "b", "label_ids": [1]},
+            {"prompt_id": "b", "label_ids": [2]}, {"prompt_id": "c", "label_ids": [1]}, {"prompt_id": "d", "label_ids": []}]
+    assert labelled_features(None, [0], rows) == {1: stored["a"], 4: stored["c"]}  # a rollout "a" is not text
+    assert labelled_features(None, [0], rows[:1]) == {}

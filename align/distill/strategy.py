@@ -376,13 +376,17 @@ STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (WindowStrategy, Pac
 
 
 def labelled_features(recipe: Recipe, layers: list[int], rows: list[dict]) -> dict[int, torch.Tensor]:
-    """The features the labelling pass kept for the rows of labelled text among ``rows``, by row index."""
-    if not any("label_ids" in r for r in rows):
+    """The features the labelling pass kept for the rows of labelled text among ``rows``, by row index (an id that
+    two rows share names neither: those are run again)."""
+    from collections import Counter
+
+    text = [(i, r["prompt_id"]) for i, r in enumerate(rows) if "label_ids" in r]
+    if not text:
         return {}
     from align.labels import text_features
 
-    stored = text_features(recipe, layers)
-    return {i: stored[r["prompt_id"]] for i, r in enumerate(rows) if "label_ids" in r and r["prompt_id"] in stored}
+    stored, seen = text_features(recipe, layers), Counter(name for _, name in text)
+    return {i: stored[name] for i, name in text if name in stored and seen[name] == 1}
 
 
 def strategy_for(recipe: Recipe) -> type[Strategy]:
