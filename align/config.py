@@ -56,7 +56,10 @@ class RunConfig:
 @dataclass
 class VerifierConfig:
     path: str = option("zoo:tiny-verifier", "Verifier: a local folder, a hub name, or zoo:NAME (the zoo: python -m align.zoo list).")
-    dtype: str = option("float32", "Verifier weights dtype.", choices=("float32", "bfloat16", "float16"))
+    dtype: str = option("float32", "Verifier weights dtype (rollouts, labels, features, evaluation); auto: bfloat16 "
+                        "where the device computes in it natively (a CUDA GPU with bfloat16, a CPU with AVX-512 BF16 "
+                        "or AMX), float32 elsewhere (align.machine.native_bf16).",
+                        choices=("float32", "bfloat16", "float16", "auto"))
 
 
 @dataclass
@@ -199,7 +202,8 @@ class LoraConfig:
 class DeepSpeedConfig:
     zero_stage: int = option(0, "ZeRO stage: 0 none, 1 optimizer state, 2 and gradients, 3 and parameters sharded.",
                             min=0, max=3)
-    bf16: bool = option(False, "Train in bf16 (fp32 master weights).")
+    bf16: bool | None = option(False, "Train in bf16 (fp32 master weights); null: where the device computes in "
+                               "bfloat16 natively, as verifier.dtype auto decides.")
     offload_optimizer: bool = option(False, "Keep optimizer state on the CPU (ZeRO >= 1).")
     offload_params: bool = option(False, "Keep parameters on the CPU (ZeRO 3).")
     torch_adam: bool = option(True, "Use torch's AdamW (false: DeepSpeed's fused kernel, compiled on first use).")

@@ -46,6 +46,7 @@ from align.config import Recipe, load_recipe
 from align.errors import AlignError, run_cli
 from align.families import traits
 from align.locks import exclusive
+from align.machine import resolve_dtype
 from align.prompts import encode_prompt
 from align.rollouts import CHUNKS, META, _check_meta, _save_chunk
 from align.zoo import cache_dir, check_model, resolve
@@ -60,7 +61,7 @@ def label_meta(recipe: Recipe) -> dict[str, Any]:
     the source's order, chunk by chunk, and a run takes the first ``text_rows`` of them, so that a larger set
     extends a smaller one (a data curve labels each row once)."""
     d = recipe.data
-    return {"verifier": recipe.verifier.path, "verifier_dtype": recipe.verifier.dtype, "text": d.text,
+    return {"verifier": recipe.verifier.path, "verifier_dtype": resolve_dtype(recipe.verifier.dtype), "text": d.text,
             "text_tokens": d.text_tokens, "chunk_size": d.batch_size, "seed": recipe.run.seed, "labels": "argmax"}
 
 

@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from align.errors import AlignError
 from align.families import FAMILIES, Traits, traits
-from align.machine import default_device, usable_cores  # noqa: F401 (imported from here by callers)
+from align.machine import default_device, resolve_dtype, usable_cores  # noqa: F401 (imported from here by callers)
 from align.paths import model_path
 from align.paths import zoo_built
 
@@ -103,7 +103,7 @@ def load_verifier_model(path: str, dtype: str = "float32", device: str | None = 
     path = model_path(path)
     config = _config(path, role)
     try:
-        model = _weights(AutoModelForCausalLM, path, role, hub_kernels, dtype=DTYPES[dtype])
+        model = _weights(AutoModelForCausalLM, path, role, hub_kernels, dtype=DTYPES[resolve_dtype(dtype, device)])
     except ValueError as error:
         raise AlignError(f"the {role} '{path}' ({config.model_type}) is not a causal language model "
                          f"({str(error).splitlines()[0]})") from None

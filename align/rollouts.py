@@ -31,6 +31,7 @@ from align.config import Recipe, load_recipe
 from align.errors import AlignError, run_cli
 from align.files import discard_partial, write_text
 from align.locks import exclusive
+from align.machine import resolve_dtype
 from align.prompts import encode_prompt
 from align.verifier import plain_generation, sampling_config
 from align.zoo import cache_dir, check_model, check_prompts, load_prompts, resolve
@@ -42,10 +43,10 @@ def rollout_meta(recipe: Recipe) -> dict[str, Any]:
     """What determines a set of rollouts (and names its folder). Greedy rollouts draw nothing, so their seed is 0
     whatever run.seed is: runs of several seeds share one set instead of generating the same tokens again."""
     d = recipe.data
-    return {"verifier": recipe.verifier.path, "verifier_dtype": recipe.verifier.dtype, "prompts": d.prompts,
-            "num_prompts": d.num_prompts, "backend": d.backend, "n": d.n, "temperature": d.temperature,
-            "top_p": d.top_p, "max_new_tokens": d.max_new_tokens, "chunk_size": d.batch_size,
-            "seed": recipe.run.seed if d.temperature > 0 else 0}
+    return {"verifier": recipe.verifier.path, "verifier_dtype": resolve_dtype(recipe.verifier.dtype),
+            "prompts": d.prompts, "num_prompts": d.num_prompts, "backend": d.backend, "n": d.n,
+            "temperature": d.temperature, "top_p": d.top_p, "max_new_tokens": d.max_new_tokens,
+            "chunk_size": d.batch_size, "seed": recipe.run.seed if d.temperature > 0 else 0}
 
 
 def rollouts_dir(recipe: Recipe) -> Path:
@@ -221,8 +222,8 @@ class VLLMBackend:
         kv = int(float(os.environ.get("ALIGN_VLLM_KV_GIB", "0.25")) * (1 << 30))
         extra = {} if torch.cuda.is_available() else {"enforce_eager": True, "kv_cache_memory_bytes": kv}
         # generation_config="vllm": nothing from the model's generation_config.json (the SamplingParams below say all)
-        self.llm = LLM(model=path, dtype=recipe.verifier.dtype, seed=recipe.run.seed, generation_config="vllm",
-                       max_model_len=min(4096, _context(path)), **extra)
+        self.llm = LLM(model=path, dtype=resolve_dtype(recipe.verifier.dtype), seed=recipe.run.seed,
+                       generation_config="vllm", max_model_len=min(4096, _context(path)), **extra)
         self.eos = folder_eos(path, self.tokenizer)
         self.data = recipe.data
 

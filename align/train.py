@@ -43,6 +43,7 @@ from align.files import discard_partial
 from align.loading import (default_device, load_drafter_model, load_tokenizer, load_verifier_model, shared_vocab_size,
                            usable_cores)
 from align.locks import hold_folder
+from align.machine import bf16_training
 from align.labels import check_text, generate_labels, label_meta
 from align.rollouts import generate_rollouts, rollout_meta
 from align.zoo import check_model, check_prompts, resolve
@@ -120,7 +121,7 @@ def main(argv: list[str]) -> int:
                                          hub_kernels=recipe.run.hub_kernels)
         teacher.requires_grad_(False)
     zero3 = Engine.prepare(recipe, world)  # ZeRO-3: parameters are sharded while the model loads
-    weights_dtype = "bfloat16" if recipe.deepspeed.bf16 else "float32"
+    weights_dtype = "bfloat16" if bf16_training(recipe.deepspeed.bf16) else "float32"
     model, _ = load_drafter_model(drafter_path, d.family, weights_dtype, d.trust_remote_code,
                                   hub_kernels=recipe.run.hub_kernels)
     prepared = Strategy.prepare(recipe, model, teacher, drafter_tokenizer, rows, lead)  # its mask, its features

@@ -39,7 +39,7 @@ from align.errors import AlignError, run_cli
 from align.files import write_text
 from align.drafters import load_drafter, ngram
 from align.loading import (DRAFTER_DTYPES, check_drafter_dtype, default_device, infer_family, load_verifier_model,
-                           trained_steps)
+                           resolve_dtype, trained_steps)
 from align.lossless import lossless_counts
 from align.metrics import now
 from align.prompts import encode_prompt, read_prompt_file
@@ -125,9 +125,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=comma_list(int), default=[0], help="seeds; several give mean ± std")
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval)")
     p.add_argument("--save-outputs", action="store_true", help="write outputs.jsonl with every output's token ids")
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16", "auto"),
                    help="weights of both models (default: the exported drafter's recipe's verifier.dtype, else "
-                        "float32; in bfloat16 the lossless check tells near-ties from mismatches)")
+                        "float32; auto: bfloat16 where the device computes in it natively, else float32, and the "
+                        "report names the one used; in bfloat16 the lossless check tells near-ties from mismatches)")
     p.add_argument("--drafter-dtype", default=None, choices=DRAFTER_DTYPES,
                    help="the drafters' weights, where they should differ from --dtype's (e.g. a bfloat16 verifier, "
                         "whose passes over several positions cost little more than one on a CPU with AMX, beside an "
@@ -311,6 +312,7 @@ def main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     ckpt, baseline, verifier_path, family = resolve_models(args)
+    args.dtype = resolve_dtype(args.dtype, args.device or default_device())  # auto: the report names the dtype used
     suite = "prompts" if args.prompts else (args.suite or "tinyworld")
     prompts = read_prompt_file(args.prompts) if args.prompts else load_suite(suite)
     prompts = first_per_category(prompts, args.per_category, args.skip_per_category)[: args.limit]

@@ -281,6 +281,45 @@ def test_the_default_device_follows_ds_accelerator(monkeypatch):
     assert default_device() == "cuda:1"
 
 
+@pytest.mark.parametrize("avx512_bf16, amx, arm, cuda_bf16", [(False, False, False, False), (True, False, False, True),
+                                                              (False, True, False, False), (False, False, True, True)])
+def test_auto_is_bfloat16_only_where_the_device_computes_in_it(monkeypatch, avx512_bf16, amx, arm, cuda_bf16):
+    """``verifier.dtype: auto`` and ``deepspeed.bf16: null``: bfloat16 on a CPU with AVX-512 BF16, AMX or Arm's BF16
+    and on a GPU that supports it; float32 on a CPU that converts bfloat16 in software (AVX2 only); what a recipe
+    names is kept."""
+    import align.machine as machine
+    from align.machine import bf16_training, resolve_dtype
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(machine, "_arm_bf16", lambda: arm)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: cuda_bf16)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    native = avx512_bf16 or amx or arm
+    assert resolve_dtype("auto") == resolve_dtype("auto", "cpu") == ("bfloat16" if native else "float32")
+    assert bf16_training(None) is native and bf16_training(True) is True and bf16_training(False) is False
+    assert resolve_dtype("auto", "cuda:0") == ("bfloat16" if cuda_bf16 else "float32")
+    assert [resolve_dtype(d) for d in ("float32", "bfloat16", "float16")] == ["float32", "bfloat16", "float16"]
+
+
+def test_a_recipe_on_auto_names_its_data_by_the_dtype_it_ran_in(monkeypatch, model_dirs):
+    """Rollouts and labels made in bfloat16 on one machine are not taken for float32 ones on another: their folders'
+    fingerprints hold the concrete dtype, and the verifier loads in it."""
+    import align.machine as machine
+    from align.config import build_recipe
+    from align.labels import label_meta
+    from align.loading import load_verifier_model
+    from align.rollouts import rollout_meta
+
+    recipe = build_recipe({"verifier": {"path": str(model_dirs["verifier"]), "dtype": "auto"}})
+    found = {}
+    for native in (False, True):
+        monkeypatch.setattr(machine, "native_bf16", lambda device=None, native=native: native)
+        model, _ = load_verifier_model(recipe.verifier.path, recipe.verifier.dtype, "cpu")
+        found[native] = (rollout_meta(recipe)["verifier_dtype"], label_meta(recipe)["verifier_dtype"], model.dtype)
+    assert found == {False: ("float32", "float32", torch.float32), True: ("bfloat16", "bfloat16", torch.bfloat16)}
+
+
 def test_the_two_process_tests_find_the_launcher_however_deepspeed_was_installed():
     """``python -m deepspeed.launcher.runner``: no ``deepspeed`` script next to the interpreter is needed (a
     ``pip install --target`` puts none there)."""

@@ -299,12 +299,14 @@ def test_trained_exported_evaluated_and_refused_against_another_verifier(model_d
         results = json.loads((tmp_path / "eval" / "acceptance.json").read_text())["results"]
         assert results and all(r["lossless"] for r in results) and results[0]["label"] == "aligned"
         assert [r["steps"] for r in results] == [2]  # the T it was trained for (--steps sets the other drafters')
+        import align.machine
         import eval.acceptance as module  # a bfloat16 verifier beside a float32 drafter: the drafter loads in float32
 
         loaded, original = [], module.load_drafter
-        with pytest.MonkeyPatch.context() as patch:
+        with pytest.MonkeyPatch.context() as patch:  # auto, on a device that computes in bfloat16: the report says so
             patch.setattr(module, "load_drafter", lambda *a, **k: loaded.append(k["dtype"]) or original(*a, **k))
-            assert acceptance([*common, "--dtype", "bfloat16", "--drafter-dtype", "float32",
+            patch.setattr(align.machine, "native_bf16", lambda device=None: True)
+            assert acceptance([*common, "--dtype", "auto", "--drafter-dtype", "float32",
                                "--out", str(tmp_path / "eval-mixed")]) == 0
         document = json.loads((tmp_path / "eval-mixed" / "acceptance.json").read_text())
         assert loaded == ["float32"] and document["environment"]["dtype"] == "bfloat16"

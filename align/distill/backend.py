@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from align.config import Recipe
 from align.errors import AlignError
-from align.machine import accelerator
+from align.machine import accelerator, bf16_training
 
 TAG = "ds"  # DeepSpeed's own folder inside each checkpoint
 
@@ -47,7 +47,7 @@ def deepspeed_config(recipe: Recipe, world_size: int) -> dict[str, Any]:
         "gradient_clipping": t.grad_clip,
         "optimizer": {"type": "AdamW", "params": {"lr": t.lr, "weight_decay": t.weight_decay, "betas": [0.9, 0.999],
                                                   "eps": 1e-8, "torch_adam": ds.torch_adam}},
-        "bf16": {"enabled": ds.bf16},
+        "bf16": {"enabled": bf16_training(ds.bf16)},
         "zero_optimization": zero,
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
