@@ -179,19 +179,21 @@ class CostCurve:
 
 
 def sized_tree(tree: Tree, cost: CostCurve, rate: float, alpha: float) -> Tree:
-    """The first n nodes of ``tree`` (best-first) that maximise α Σ_{i≤n} p_i − R c(n), at least one.
+    """The first n nodes of ``tree`` (best-first) that maximise α Σ_{i≤n} p_i − R c(n), none where no node pays (the
+    block is then one plain step of the verifier: on a machine whose multi-position passes are dear, the loop runs no
+    slower than the verifier alone).
 
     Σ_{i≤n} p_i is what the n likeliest nodes add to the tokens a block keeps (a node is kept with its path's
     probability, when the drafter is calibrated: α rescales it), R c(n) what their pass costs in tokens at the rate
     R decoded so far (tokens per second): the block that maximises it moves the whole run's tokens per second up
     (Dinkelbach, 1967)."""
-    best, best_gain, earned = 1, -math.inf, 0.0
+    best, best_gain, earned = 0, -rate * cost(0), 0.0
     for n, logp in enumerate(tree.logp, start=1):
         earned += math.exp(logp)
         gain = alpha * earned - rate * cost(n)
         if gain > best_gain:
             best, best_gain = n, gain
-    return tree.first(best) if tree.logp else tree
+    return tree.first(best)
 
 
 class TreeSizer:

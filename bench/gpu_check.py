@@ -284,11 +284,11 @@ def stage_env(args, report: dict) -> None:
             versions[name] = __import__(name).__version__
         except ImportError:
             versions[name] = None
-    rate = matmul_rate(device, "bfloat16")
+    rate, rate32 = matmul_rate(device, "bfloat16"), matmul_rate(device, "float32")
     sheet = next((v for k, v in DATASHEET_BF16.items() if k in device_name(device)), None)
     report["env"] = {"device": device_name(device), "devices": torch.cuda.device_count(), "cpu_cores": os.cpu_count(),
                      "python": platform.python_version(), "versions": versions, "matmul_bf16_flops": rate,
-                     "datasheet_bf16_flops": sheet, "hub_offline": os.environ.get("HF_HUB_OFFLINE")}
+                     "matmul_f32_flops": rate32, "datasheet_bf16_flops": sheet, "hub_offline": os.environ.get("HF_HUB_OFFLINE")}
 
 
 def stage_suite(args, report: dict, clock: Clock) -> None:
@@ -372,7 +372,11 @@ def stage_pairs(args, report: dict, clock: Clock) -> None:
     from align.zoo.build import ZooSpec, build
 
     init_distributed()
-    rate = report["env"]["matmul_bf16_flops"] if "env" in report else matmul_rate(torch.device("cpu"))
+    # MFU's peak: the faster of the two dtypes a step's matmuls run in (the drafter's bf16, LoRA's float32); where
+    # the device converts bfloat16 in software (an AVX2-only CPU: a tenth of float32's rate) float32 is its peak
+    env = report.get("env") or {"matmul_bf16_flops": matmul_rate(torch.device("cpu")),
+                                "matmul_f32_flops": matmul_rate(torch.device("cpu"), "float32")}
+    rate = max(env["matmul_bf16_flops"], env["matmul_f32_flops"])
     report["pairs"] = {}
     for pair in args.pairs.split(","):
         verifier_name, drafter_name, family = PAIRS[pair]
@@ -427,7 +431,8 @@ def markdown(report: dict) -> str:
         lines += [f"Machine: {env['device']} ({env['devices']} GPU, {env['cpu_cores']} cores), Python {env['python']}; "
                   + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v) + ". Measured bf16 matmul: "
                   f"{env['matmul_bf16_flops'] / 1e12:.1f} TFLOP/s" + (f" (data sheet {sheet / 1e12:.0f})" if sheet
-                                                                        else "") + ".", ""]
+                                                                        else "") +
+                  f", float32 {env['matmul_f32_flops'] / 1e12:.1f} TFLOP/s (MFU's peak: the faster).", ""]
     for stage, reason in report.get("skipped", {}).items():
         lines += [f"Stage {stage}: not run ({reason}).", ""]
     suite = report.get("suite")

@@ -52,7 +52,7 @@ def test_the_gpu_check_runs_every_stage_at_cpu_scale(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["skipped"] == {}
-    assert report["env"]["matmul_bf16_flops"] > 0
+    assert report["env"]["matmul_bf16_flops"] > 0 and report["env"]["matmul_f32_flops"] > 0
     assert report["suite"]["exit"] == 0 and report["suite"]["counts"]["passed"] > 0
     rows = report["demo"]["rows"]
     assert {r["label"] for r in rows} >= {"aligned", "ar", "dflash", "lookup"}

@@ -316,6 +316,8 @@ def test_a_sized_tree_keeps_the_nodes_that_pay():
     assert kept.tokens.tolist() == tree.tokens[:6].tolist()  # 0.216 > 0.15 stays, 0.1485 does not
     assert len(sized_tree(tree, steep, rate=30.0, alpha=0.6)) == 5  # α p: … 0.162 stays, 0.1296 does not
     assert len(sized_tree(tree, steep, rate=300.0, alpha=1.0)) == 2  # a fast run pays 1.5 tokens a node
+    dear = CostCurve([0, 1, 8], [0.05, 0.09, 0.30])  # at 30 tok/s the first node costs 1.2 tokens, each next 0.9
+    assert len(sized_tree(tree, dear, rate=30.0, alpha=1.0)) == 0 and len(sized_tree(tree, dear, 30.0, 2.0)) == 2
     with pytest.raises(AlignError, match="increasing"):
         CostCurve([4, 2], [0.1, 0.2])
     curve = CostCurve([0, 4, 8], [0.04, 0.03, 0.06])  # noise below the first size is not a saving
@@ -343,4 +345,10 @@ def test_the_cost_probe_leaves_the_verifier_as_it_was():
     out = decoder.generate([5, 6, 7], 40, 4, tree=TreeShape.parse("16x4/auto"))
     assert out.tokens == ar_generate(model, [5, 6, 7], 40, eos_token_ids=[])
     sizer = decoder.sizers[(16, 4)]
+    plain = SpeculativeDecoder(Ranked(model, 1), Verifier(model), eos_token_ids=[])  # where no node can pay, none is
+    plain.verifier.tree_cost = lambda nodes: CostCurve([0, 1, nodes], [0.01, 1.0, 2.0])  # scored: plain steps
+    out = plain.generate([5, 6, 7], 40, 4, tree=TreeShape.parse("16x4/auto"))
+    assert out.tokens == ar_generate(model, [5, 6, 7], 40, eos_token_ids=[])
+    sized = [b.nodes for b in out.stats.blocks[1:] if b.nodes is not None]  # the trees after the prompt's block
+    assert len(sized) > 10 and set(sized) == {0}
     assert sizer.tokens > 1 + 20 and sizer.accepted > 1 and sizer.rate > 0
