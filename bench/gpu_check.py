@@ -98,6 +98,11 @@ def matmul_rate(device, dtype_name: str = "bfloat16") -> float:
     return 2 * n ** 3 / best
 
 
+def matmul_rates(device) -> dict[str, float]:
+    """The report's ``matmul_bf16_flops`` and ``matmul_f32_flops`` on ``device``."""
+    return {"matmul_bf16_flops": matmul_rate(device, "bfloat16"), "matmul_f32_flops": matmul_rate(device, "float32")}
+
+
 def peak_memory(device) -> float:
     """GiB: the accelerator's peak allocation since the last reset, else this process's resident memory."""
     import psutil
@@ -284,11 +289,10 @@ def stage_env(args, report: dict) -> None:
             versions[name] = __import__(name).__version__
         except ImportError:
             versions[name] = None
-    rate, rate32 = matmul_rate(device, "bfloat16"), matmul_rate(device, "float32")
     sheet = next((v for k, v in DATASHEET_BF16.items() if k in device_name(device)), None)
     report["env"] = {"device": device_name(device), "devices": torch.cuda.device_count(), "cpu_cores": os.cpu_count(),
-                     "python": platform.python_version(), "versions": versions, "matmul_bf16_flops": rate,
-                     "matmul_f32_flops": rate32, "datasheet_bf16_flops": sheet, "hub_offline": os.environ.get("HF_HUB_OFFLINE")}
+                     "python": platform.python_version(), "versions": versions, **matmul_rates(device),
+                     "datasheet_bf16_flops": sheet, "hub_offline": os.environ.get("HF_HUB_OFFLINE")}
 
 
 def stage_suite(args, report: dict, clock: Clock) -> None:
@@ -374,8 +378,7 @@ def stage_pairs(args, report: dict, clock: Clock) -> None:
     init_distributed()
     # MFU's peak: the faster of the two dtypes a step's matmuls run in (the drafter's bf16, LoRA's float32); where
     # the device converts bfloat16 in software (an AVX2-only CPU: a tenth of float32's rate) float32 is its peak
-    env = report.get("env") or {"matmul_bf16_flops": matmul_rate(torch.device("cpu")),
-                                "matmul_f32_flops": matmul_rate(torch.device("cpu"), "float32")}
+    env = report.get("env") or matmul_rates(torch.device("cpu"))
     rate = max(env["matmul_bf16_flops"], env["matmul_f32_flops"])
     report["pairs"] = {}
     for pair in args.pairs.split(","):
