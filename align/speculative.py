@@ -214,7 +214,7 @@ class SpeculativeDecoder:
         next token or None where an accepted EOS ended the text)."""
         device = self.verifier.device
         t2 = now(device)
-        tree = tree_from_marginals(logq, shape)
+        tree = grown = tree_from_marginals(logq, shape)
         sizer = None
         if shape.sized and self.verifier.cached:  # the prompt's block scores the whole tree: its pass is a prefill
             key = (shape.nodes, shape.branching)
@@ -222,7 +222,7 @@ class SpeculativeDecoder:
                 self.sizers[key] = TreeSizer(self.verifier.tree_cost(shape.nodes))
                 t2 = now(device)  # the measurement, once per verifier, is not this block's
             sizer = self.sizers[key]
-            tree = sizer.size(tree)
+            tree = sizer.size(grown)
         logits = self.verifier.score_tree(tree)  # (N + 1, V)
         if temperature > 0:
             path, next_token = accept_sampling(tree, (logits / temperature).softmax(-1), generator)
@@ -230,6 +230,8 @@ class SpeculativeDecoder:
             path, next_token = accept_greedy(tree, logits)
         self.verifier.commit_tree(path, next_token)
         t4 = now(device)
+        if sizer is not None:
+            sizer.observe(grown, len(tree), path, next_token, len(path) + 1, drafter_s + t4 - t2)
         kept = tree.tokens[path].tolist()
         rows = logits[[0] + [i + 1 for i in path]]  # the verifier after each accepted prefix
         children = tree.children()[path[-1] if path else -1]
@@ -243,8 +245,6 @@ class SpeculativeDecoder:
         entropy = float(-(logp.exp() * logp).nan_to_num().sum(-1).mean())
         block = Block(g, len(kept), rank, entropy, produced, nodes=len(tree))
         block.drafter_s, block.verifier_s = drafter_s, t4 - t2
-        if sizer is not None:
-            sizer.observe(tree, len(path), produced, drafter_s + t4 - t2)
         out.stats.blocks.append(block)
         out.pieces.append((kept, next_token))
         return out.tokens + kept + ([] if next_token is None else [next_token]), block, next_token

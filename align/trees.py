@@ -218,10 +218,23 @@ class TreeSizer:
     def size(self, tree: Tree) -> Tree:
         return sized_tree(tree, self.cost, self.rate, self.alpha)
 
-    def observe(self, tree: Tree, accepted: int, produced: int, seconds: float) -> None:
-        """A block verified: ``tree`` scored, ``accepted`` of its nodes kept, ``produced`` tokens in ``seconds``."""
-        self.predicted += sum(math.exp(x) for x in tree.logp)
-        self.accepted += accepted
+    def observe(self, tree: Tree, scored: int, path: list[int], next_token: int | None, produced: int,
+                seconds: float) -> None:
+        """A block verified: the first ``scored`` nodes of the grown ``tree`` scored, ``path`` (its nodes) kept, the
+        verifier's ``next_token`` after it, ``produced`` tokens in ``seconds``.
+
+        α counts every node whose fate the block settles, a set fixed before the verifier is read (so the count is
+        unbiased): the scored nodes, and the unscored children of the root and of scored nodes. Such a child would
+        have been kept exactly when its parent ends the kept path and it carries the verifier's next token (greedy:
+        the argmax there; sampling: the draw, which picks a child with the verifier's probability of it). So a block
+        sized to no node, a plain verifier step, still tells α what its first tokens would have earned: α cannot
+        freeze where it stopped the scoring, and the sizer scores again once the drafter has earned it."""
+        parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+        end = path[-1] if path else -1
+        settled = [i for i in range(len(tree)) if i < scored or parents[i] < scored]
+        self.predicted += sum(math.exp(tree.logp[i]) for i in settled)
+        self.accepted += len(path) + any(i >= scored and parents[i] == end and tokens[i] == next_token
+                                         for i in settled)
         self.tokens += produced
         self.seconds += seconds
 

@@ -15,7 +15,8 @@ import align.speculative as speculative
 from align.drafters.base import DrafterKind
 from align.speculative import SpeculativeDecoder
 from align.errors import AlignError
-from align.trees import CostCurve, Tree, TreeShape, accept_greedy, accept_sampling, sized_tree, tree_from_marginals
+from align.trees import (CostCurve, Tree, TreeShape, TreeSizer, accept_greedy, accept_sampling, sized_tree,
+                         tree_from_marginals)
 from align.verifier import GQA_SDPA, Verifier, ar_generate
 from conftest import MASK, VOCAB, tiny_drafter, tiny_verifier
 from test_sampling import PROMPT, V, chi_square_p, exact_distribution
@@ -322,6 +323,32 @@ def test_a_sized_tree_keeps_the_nodes_that_pay():
         CostCurve([4, 2], [0.1, 0.2])
     curve = CostCurve([0, 4, 8], [0.04, 0.03, 0.06])  # noise below the first size is not a saving
     assert curve(2) == 0.04 and curve(6) == 0.05 and curve(12) == pytest.approx(0.08)
+
+
+def test_a_sizer_that_stopped_scoring_still_learns_from_plain_steps():
+    """A block sized to no node is a plain verifier step, and its next token settles what the tree's first tokens
+    would have earned: an underconfident drafter (the verifier keeps its first token, which it gave 0.3) earns its
+    nodes back within a few plain steps; one the verifier never agrees with stays at none. α counts the scored nodes
+    and the unscored children of the root and of scored nodes, nothing deeper (their fate was not read)."""
+    logq = log_rows({1: 0.3, 2: 0.2}, {3: 0.9})
+    tree = tree_from_marginals(logq, TreeShape(8, 2, 2))
+    # best-first: 1 (0.3), 1-3 (0.27), 2 (0.2), 2-3 (0.18), 1-0 (0.006), 2-0 (0.004)
+    assert tree.tokens.tolist()[:4] == [1, 3, 2, 3] and tree.parents.tolist()[:4] == [-1, 0, -1, 2]
+    curve = CostCurve([0, 1, 8], [1.0, 1.4, 3.5])  # at 1 token a second a first node costs 0.4 tokens: α 1 keeps none
+    for verifier_token, earns in ((1, True), (4, False)):
+        sizer = TreeSizer(curve)
+        plain = 0
+        while plain < 10 and len(sizer.size(tree)) == 0:
+            sizer.observe(tree, 0, [], verifier_token, 1, 1.0)
+            plain += 1
+        assert (plain < 10) == earns, (verifier_token, plain, sizer.alpha)
+        assert sizer.alpha > 4 / 3 if earns else sizer.alpha < 1
+    sizer = TreeSizer(curve)
+    sizer.observe(tree, 1, [0], 3, 2, 1.0)  # node 1 scored and kept; the verifier's next token is its child's
+    assert sizer.accepted == 1 + 1 + 1 and sizer.predicted == pytest.approx(1 + 0.3 + 0.27 + 0.2 + 0.006)
+    assert sizer.tokens == 3 and sizer.seconds == 2.0
+    sizer.observe(tree, 1, [], 3, 1, 1.0)  # node 1 rejected: its child carrying the next token is no longer in play
+    assert sizer.accepted == 3 and sizer.predicted == pytest.approx(2 * (1.776 - 1) + 1)
 
 
 def test_the_cost_probe_leaves_the_verifier_as_it_was():
