@@ -112,10 +112,11 @@ class DataConfig:
                                      min=0.0, max=0.5)
     feature_cache: bool = option(False, "dflash: compute the verifier's features of every rollout once, before "
                                  "training, into the cache ($ALIGN_CACHE/features/, tokens x layers x width in the "
-                                 "verifier's dtype; runs over the same rollouts share it) and read them from there: no "
-                                 "verifier pass in the training loop; data.text's rows bring theirs from their "
-                                 "labelling pass. false: the verifier runs every step (online). "
-                                 "Not with objectives that read the verifier's logits (kd, tv, sampled_streak).")
+                                 "verifier's dtype; runs over the same rollouts share it; a build cut short "
+                                 "resumes) and read them from there: no verifier pass in the training loop; "
+                                 "data.text's rows bring theirs from their labelling pass. false: the verifier "
+                                 "runs every step (online). Not with objectives that read the verifier's logits "
+                                 "(kd, tv, sampled_streak).")
     text: str | None = option(None, "dflash: fixed text labelled by the verifier in one prefill pass, trained on beside "
                               "the rollouts (align/labels.py): english (the zoo's English text, each document after "
                               "a chat instruction) or a JSONL file of {\"id\", \"prompt\", \"response\"}; null: the "

@@ -168,6 +168,38 @@ def test_the_feature_caches_key_names_rollouts_verifier_and_layers():
                 cache_key(mine, torch.float32, [0, 1], seqs)}) == 5
 
 
+def test_a_feature_cache_cut_short_resumes_where_it_was(tmp_path, monkeypatch):
+    """A build killed mid-way keeps what it had flushed: the rerun runs the verifier over the other rollouts only,
+    and the file it ends with is the one an uncut build writes."""
+    from align.dflash.cache import DONE, FeatureCache, build_cache
+    from align.features import FeatureTap
+
+    monkeypatch.setenv("ALIGN_CACHE", str(tmp_path))
+    verifier, _ = pair(0)
+    rng = random.Random(0)
+    seqs = [[rng.randrange(4, 64) for _ in range(rng.randrange(3, 12))] for _ in range(24)]
+    build_cache(verifier, [0, 1], seqs, "whole", batch_tokens=24, progress=False)
+    whole = FeatureCache("whole").data.clone()
+    ran, real = [], FeatureTap.run
+
+    def cut(self, model, **inputs):
+        if len(ran) == 3:
+            raise KeyboardInterrupt
+        ran.append(int(inputs["attention_mask"].shape[0]))
+        return real(self, model, **inputs)
+
+    monkeypatch.setattr(FeatureTap, "run", cut)
+    with pytest.raises(KeyboardInterrupt):
+        build_cache(verifier, [0, 1], seqs, "cut", batch_tokens=24, progress=False, checkpoint_s=0)
+    held = json.loads((tmp_path / "features" / "cut" / DONE).read_text())["done"]
+    assert len(held) == sum(ran) and not (tmp_path / "features" / "cut" / "index.json").exists()
+    monkeypatch.setattr(FeatureTap, "run", lambda self, model, **inputs: ran.append(
+        int(inputs["attention_mask"].shape[0])) or real(self, model, **inputs))
+    build_cache(verifier, [0, 1], seqs, "cut", batch_tokens=24, progress=False)
+    assert sum(ran) == len(seqs)  # every rollout run once over the two builds
+    assert torch.equal(FeatureCache("cut").data, whole) and not (tmp_path / "features" / "cut" / DONE).exists()
+
+
 def test_walking_the_training_passs_streaks_gives_greedy_decodings_blocks():
     """The trainer's held-out ``decoded_accepted``: the greedy streak of every window of the verifier's own text,
     walked block by block (align.metrics.walk_blocks), is what the greedy decoder accepted, block for block."""

@@ -6,7 +6,8 @@ reads. With the cache, one pass over all the rollouts before training writes the
 rollouts' rows from that file, memory-mapped: no verifier in the training loop. The key fingerprints the token ids
 of every rollout, the verifier's weights, the layers and the dtype, so other rollouts or another verifier get a file
 of their own, and runs over the same ones (a sweep, a resumed run) share one. The lead process builds it (other
-processes wait); a build cut short leaves no index, and the next run builds it again.
+processes wait); a build cut short leaves no index, and the next run resumes it: every 30 s the build flushes the
+file and records which rollouts it holds (``features.bin.done``), and a rerun computes only the others.
 
 Size: tokens × layers × the verifier's width × bytes — the tiny world's 136k tokens of prompts and responses × 2 ×
 256 in float32 is 278 MB; an 8B verifier's 3 layers of 4,096 in bfloat16, 24 KB a token (the tens of terabytes users
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +33,7 @@ from align.paths import cache_dir
 
 INDEX = "index.json"
 DATA = "features.bin"
+DONE = DATA + ".done"  # a build cut short: the rollouts its partial file holds
 
 
 def cache_key(fingerprint: str, dtype: torch.dtype, layers: list[int], sequences: list[list[int]]) -> str:
@@ -47,12 +50,13 @@ def cache_key(fingerprint: str, dtype: torch.dtype, layers: list[int], sequences
 @torch.no_grad()
 def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], key: str,
                 batch_tokens: int = 16384, progress: bool = True,
-                known: Callable[[], dict[int, torch.Tensor]] | None = None) -> Path:
+                known: Callable[[], dict[int, torch.Tensor]] | None = None, checkpoint_s: float = 30.0) -> Path:
     """Write the features of every sequence under the cache's ``key`` (nothing to do when it is there already);
     the verifier runs batches of about ``batch_tokens`` padded tokens, sorted by length, and stops after the deepest
     layer read. ``known()``, called only when the cache is built, gives features already computed by another pass
     of the same verifier (the labelled text's, ``align.labels``), per sequence index, at least as long as the
-    sequence: those are copied, not run again."""
+    sequence: those are copied, not run again. Every ``checkpoint_s`` seconds the file is flushed and the sequences
+    it holds recorded, so that a build cut short resumes where it was."""
     folder = cache_dir() / "features" / key
     with exclusive(folder.parent, key, f"the feature cache {folder}"):
         if (folder / INDEX).is_file():
@@ -64,19 +68,22 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
         for seq in sequences:
             offsets.append(offsets[-1] + len(seq))
         width = len(layers) * verifier.config.get_text_config().hidden_size
-        with FeatureTap(verifier, layers, stop=True) as tap:
-            partial = folder / (DATA + ".partial")
+        partial, size = folder / (DATA + ".partial"), offsets[-1] * width * dtype.itemsize
+        done = _written(folder, size)
+        if not done:
             with open(partial, "wb") as f:
-                f.truncate(offsets[-1] * width * dtype.itemsize)
-            data = torch.from_file(str(partial), shared=True, size=offsets[-1] * width, dtype=dtype).view(-1, width)
-            bar = tqdm(total=offsets[-1], desc="features", unit="tok", disable=not progress, dynamic_ncols=True)
-            copied = set()
-            for i, features in (known() if known else {}).items():
-                if features.shape[0] >= len(sequences[i]) and features.shape[1] == width:
-                    data[offsets[i]:offsets[i + 1]] = features[:len(sequences[i])].to(dtype)
-                    copied.add(i)
-                    bar.update(len(sequences[i]))
-            order = sorted((i for i in range(len(sequences)) if i not in copied), key=lambda i: len(sequences[i]))
+                f.truncate(size)
+        data = torch.from_file(str(partial), shared=True, size=offsets[-1] * width, dtype=dtype).view(-1, width)
+        bar = tqdm(total=offsets[-1], initial=sum(len(sequences[i]) for i in done), desc="features", unit="tok",
+                   disable=not progress, dynamic_ncols=True)
+        for i, features in (known() if known else {}).items():
+            if i not in done and features.shape[0] >= len(sequences[i]) and features.shape[1] == width:
+                data[offsets[i]:offsets[i + 1]] = features[:len(sequences[i])].to(dtype)
+                done.add(i)
+                bar.update(len(sequences[i]))
+        saved = _checkpoint(folder, size, done)
+        order = sorted((i for i in range(len(sequences)) if i not in done), key=lambda i: len(sequences[i]))
+        with FeatureTap(verifier, layers, stop=True) as tap:
             lo = 0
             while lo < len(order):
                 hi = lo + 1  # the longest batch of similar lengths within the token budget
@@ -88,15 +95,41 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
                               use_cache=False).to("cpu", dtype)
                 for r, i in enumerate(rows):
                     data[offsets[i]:offsets[i + 1]] = out[r, :len(sequences[i])]
+                done.update(rows)
                 bar.update(int(attention.sum()))
+                if time.monotonic() - saved >= checkpoint_s:
+                    saved = _checkpoint(folder, size, done)
                 lo = hi
-            bar.close()
+        bar.close()
         del data
         os.replace(partial, folder / DATA)
         index = {"offsets": offsets, "width": width, "dtype": str(dtype).removeprefix("torch."), "layers": list(layers)}
         (folder / (INDEX + ".partial")).write_text(json.dumps(index))
         os.replace(folder / (INDEX + ".partial"), folder / INDEX)
+        (folder / DONE).unlink(missing_ok=True)
     return folder
+
+
+def _written(folder: Path, size: int) -> set[int]:
+    """The sequences a build cut short had written (its partial file flushed): none without a record, or where the
+    partial file is not the size this build writes."""
+    partial = folder / (DATA + ".partial")
+    try:
+        record = json.loads((folder / DONE).read_text())
+    except (OSError, ValueError):
+        return set()
+    if record.get("bytes") != size or not partial.is_file() or partial.stat().st_size != size:
+        return set()
+    return set(record["done"])
+
+
+def _checkpoint(folder: Path, size: int, done: set[int]) -> float:
+    """Flush the partial file to disk, then record the sequences it holds; the time it was done."""
+    with open(folder / (DATA + ".partial"), "rb+") as f:
+        os.fsync(f.fileno())
+    (folder / (DONE + ".partial")).write_text(json.dumps({"bytes": size, "done": sorted(done)}))
+    os.replace(folder / (DONE + ".partial"), folder / DONE)
+    return time.monotonic()
 
 
 class FeatureCache:
