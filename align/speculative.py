@@ -230,8 +230,7 @@ class SpeculativeDecoder:
             path, next_token = accept_greedy(tree, logits)
         self.verifier.commit_tree(path, next_token)
         t4 = now(device)
-        if sizer is not None:
-            sizer.observe(grown, len(tree), path, next_token, len(path) + 1, drafter_s + t4 - t2)
+        verified = next_token  # the verifier's token after the path, even where an accepted EOS ends the text
         kept = tree.tokens[path].tolist()
         rows = logits[[0] + [i + 1 for i in path]]  # the verifier after each accepted prefix
         children = tree.children()[path[-1] if path else -1]
@@ -245,6 +244,8 @@ class SpeculativeDecoder:
         entropy = float(-(logp.exp() * logp).nan_to_num().sum(-1).mean())
         block = Block(g, len(kept), rank, entropy, produced, nodes=len(tree))
         block.drafter_s, block.verifier_s = drafter_s, t4 - t2
+        if sizer is not None:
+            sizer.observe(grown, len(tree), path, verified, produced, drafter_s + t4 - t2)
         out.stats.blocks.append(block)
         out.pieces.append((kept, next_token))
         return out.tokens + kept + ([] if next_token is None else [next_token]), block, next_token
