@@ -16,7 +16,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +27,7 @@ def main() -> None:
 
     from align.loading import DTYPES
     from align.machine import default_device, native_bf16
+    from align.metrics import now
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtype", default="float32,bfloat16", help="weight and activation dtypes (comma list)")
@@ -48,10 +48,6 @@ def main() -> None:
     layers = {d: torch.nn.Linear(n_in, n_out, device=device, dtype=DTYPES[d]) for d in dtypes}
     inputs = {(d, m): torch.randn(m, n_in, device=device, dtype=DTYPES[d]) for d in dtypes for m in rows}
 
-    def sync() -> None:
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-
     def forward(d: str, m: int) -> None:
         with torch.no_grad():
             layers[d](inputs[(d, m)])
@@ -69,11 +65,9 @@ def main() -> None:
     for _ in range(args.reps):  # dtypes interleaved: a drifting machine slows all alike
         for what, m, run in cases:
             for d in dtypes:
-                sync()
-                start = time.perf_counter()
+                start = now(device)
                 run(d, m)
-                sync()
-                times.setdefault((what, m, d), []).append(time.perf_counter() - start)
+                times.setdefault((what, m, d), []).append(now(device) - start)
     table = [{"pass": what, "rows": m, **{f"{d}_ms": round(1e3 * statistics.median(times[(what, m, d)]), 3)
                                          for d in dtypes}} for what, m, _ in cases]
     native = native_bf16(device)

@@ -28,11 +28,13 @@ from tqdm.auto import tqdm
 
 from align.dflash.batch import pad
 from align.features import FeatureTap
+from align.files import write_text
 from align.locks import exclusive
 from align.paths import cache_dir
 
 INDEX = "index.json"
 DATA = "features.bin"
+PARTIAL = DATA + ".partial"  # the file while it is built
 DONE = DATA + ".done"  # a build cut short: the rollouts its partial file holds
 
 
@@ -68,7 +70,7 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
         for seq in sequences:
             offsets.append(offsets[-1] + len(seq))
         width = len(layers) * verifier.config.get_text_config().hidden_size
-        partial, size = folder / (DATA + ".partial"), offsets[-1] * width * dtype.itemsize
+        partial, size = folder / PARTIAL, offsets[-1] * width * dtype.itemsize
         done = _written(folder, size)
         if not done:
             with open(partial, "wb") as f:
@@ -104,8 +106,7 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
         del data
         os.replace(partial, folder / DATA)
         index = {"offsets": offsets, "width": width, "dtype": str(dtype).removeprefix("torch."), "layers": list(layers)}
-        (folder / (INDEX + ".partial")).write_text(json.dumps(index))
-        os.replace(folder / (INDEX + ".partial"), folder / INDEX)
+        write_text(folder / INDEX, json.dumps(index))
         (folder / DONE).unlink(missing_ok=True)
     return folder
 
@@ -113,7 +114,7 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
 def _written(folder: Path, size: int) -> set[int]:
     """The sequences a build cut short had written (its partial file flushed): none without a record, or where the
     partial file is not the size this build writes."""
-    partial = folder / (DATA + ".partial")
+    partial = folder / PARTIAL
     try:
         record = json.loads((folder / DONE).read_text())
     except (OSError, ValueError):
@@ -125,10 +126,9 @@ def _written(folder: Path, size: int) -> set[int]:
 
 def _checkpoint(folder: Path, size: int, done: set[int]) -> float:
     """Flush the partial file to disk, then record the sequences it holds; the time it was done."""
-    with open(folder / (DATA + ".partial"), "rb+") as f:
+    with open(folder / PARTIAL, "rb+") as f:
         os.fsync(f.fileno())
-    (folder / (DONE + ".partial")).write_text(json.dumps({"bytes": size, "done": sorted(done)}))
-    os.replace(folder / (DONE + ".partial"), folder / DONE)
+    write_text(folder / DONE, json.dumps({"bytes": size, "done": sorted(done)}))
     return time.monotonic()
 
 
