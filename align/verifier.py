@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -64,6 +66,55 @@ def use_gqa_sdpa(model: Any) -> None:
     model.set_attn_implementation(GQA_SDPA)
 
 
+#: passes over at most this many positions take :func:`skinny_linear` (past it the usual product is as fast or faster:
+#: SmolLM2 on an AVX2 CPU, 12 positions 2.15 steps against 1.77; docs/results.md)
+SKINNY_ROWS = 8
+_SKINNY = ContextVar("align_skinny_linears", default=False)  # set inside the verifier's own passes only
+
+
+def skinny_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear``'s forward, except inside the verifier's passes on the CPU over 2 to :data:`SKINNY_ROWS`
+    positions in float32: there ``W x^T`` (the weight as the product's tall left factor, the few rows as its thin
+    right one) in place of ``x W^T``. The math library packs the right factor before a product; ``x W^T`` makes that
+    the whole weight, read and written once more per pass, while ``W x^T`` packs a few rows and streams the weight
+    once, as a one-position step does. A SmolLM2 pass over 2 positions then costs 1.24 steps of one instead of 1.59,
+    over 4 1.25 instead of 1.67, on an AVX2 CPU (``bench/verify_cost.py --linear align,transformers``,
+    docs/results.md). The same products summed in another order: logits within float32 rounding
+    (|Δ| ≈ 1e-4 of logits ≈ 10) of ``x W^T``'s, as any two kernels' are."""
+    weight = module.weight
+    rows = x.numel() // x.shape[-1] if x.dim() else 0
+    if not (_SKINNY.get() and 1 < rows <= SKINNY_ROWS and weight.dtype == torch.float32 and x.device.type == "cpu"):
+        return torch.nn.functional.linear(x, weight, module.bias)
+    out = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
+    if module.bias is not None:
+        out = out + module.bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def use_skinny_linears(model: Any) -> bool:
+    """Give ``model``'s float32 ``nn.Linear`` layers on the CPU :func:`skinny_linear` as their forward (plain
+    ``nn.Linear`` outside the verifier's passes: the same model under ``generate`` is transformers' own); whether any
+    layer took it."""
+    found = False
+    for module in model.modules():
+        if (type(module) is torch.nn.Linear and module.weight.device.type == "cpu"
+                and module.weight.dtype == torch.float32):
+            if getattr(module.__dict__.get("forward"), "func", None) is not skinny_linear:
+                module.forward = partial(skinny_linear, module)
+            found = True
+    return found
+
+
+@contextmanager
+def skinny_passes(on: bool):
+    """Within: the passes of a model given :func:`use_skinny_linears` take the skinny product (``on``) or not."""
+    token = _SKINNY.set(on)
+    try:
+        yield
+    finally:
+        _SKINNY.reset(token)
+
+
 def context_length(config: Any) -> int | None:
     """The model's longest sequence, when its config says."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -80,6 +131,9 @@ class Verifier:
         # forward's current name (transformers 5 deprecates past_key_values, with a warning per call), and logits
         # only for the positions scoring reads (logits_to_keep: the pass over the prompt skips the LM head on it)
         self.lean = lean_default() if lean is None else lean
+        # the skinny product for passes over a few positions on the CPU in float32 (lean only: ALIGN_LEAN=0 keeps
+        # transformers' own layers; bench/verify_cost.py --linear compares them)
+        self.skinny = self.lean and use_skinny_linears(model)
         self._cache_name = cache_keyword(model)
         self._keep = "logits_to_keep" in forward_accepts(model)
         self.max_length = context_length(model.config)
@@ -245,7 +299,8 @@ class Verifier:
                 kwargs["logits_to_keep"] = keep
         else:
             kwargs["past_key_values"] = self.cache
-        return self.model(input_ids=ids, use_cache=True, **kwargs).logits[:, -keep:]
+        with skinny_passes(self.skinny):
+            return self.model(input_ids=ids, use_cache=True, **kwargs).logits[:, -keep:]
 
     def _tree(self, n: int, k: int, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Additive mask (1, 1, n + kγ, cached + n + kγ) and position ids for pending ‖ draft_1 ‖ ... ‖ draft_k."""

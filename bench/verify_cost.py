@@ -1,5 +1,6 @@
 """What a verifier pass costs against the number of positions it scores, per weight dtype (and attention,
-``--attention align,transformers``): the number every speedup divides by.
+``--attention align,transformers``, and linear layers, ``--linear align,transformers``): the number every speedup
+divides by.
 
     python bench/verify_cost.py --verifier zoo:smollm2-135m-instruct --dtype float32,bfloat16 \\
         --positions 1,2,3,4,6,8,12,16,17 --out runs/bench/verify-cost.json
@@ -30,6 +31,9 @@ def main() -> None:
     p.add_argument("--attention", default="align", help="the verifier's attention (comma list): align (its own: "
                    "grouped heads read in place on the CPU, align.verifier.gqa_sdpa) or transformers (the model's "
                    "sdpa as transformers runs it)")
+    p.add_argument("--linear", default="align", help="the verifier's linear layers (comma list): align (a pass over "
+                   "a few positions in float32 on the CPU as W x^T, align.verifier.skinny_linear) or transformers "
+                   "(nn.Linear's x W^T)")
     p.add_argument("--positions", default="1,2,3,4,6,8,12,16,17", help="positions scored per pass (comma list)")
     p.add_argument("--prefix", type=int, default=300, help="tokens in the cache before the first timed pass")
     p.add_argument("--reps", type=int, default=30)
@@ -43,15 +47,19 @@ def main() -> None:
 
     try:
         positions = [int(q) for q in args.positions.split(",")]
-        attentions = args.attention.split(",")
-        if min(positions) < 1 or args.reps <= 2 * args.trim or not set(attentions) <= {"align", "transformers"}:
+        attentions, linears = args.attention.split(","), args.linear.split(",")
+        if (min(positions) < 1 or args.reps <= 2 * args.trim
+                or not set(attentions) | set(linears) <= {"align", "transformers"}):
             raise ValueError
     except ValueError:
         raise SystemExit("error: --positions takes whole numbers of at least 1 (e.g. 1,4,16), --reps must exceed "
-                         "twice --trim, and --attention names align or transformers") from None
+                         "twice --trim, and --attention and --linear name align or transformers") from None
     dtypes = args.dtype.split(",")
-    # each setting, (dtype, attention), by its label: the dtype, with the attention where more than one is compared
-    settings = {d if len(attentions) == 1 else f"{d} {a}": (d, a) for d in dtypes for a in attentions}
+    # each setting, (dtype, attention, linear), by its label: the dtype, with the attention and the linear layers
+    # where more than one of them is compared
+    settings = {" ".join([d] + ([f"attention:{a}"] if len(attentions) > 1 else [])
+                         + ([f"linear:{li}"] if len(linears) > 1 else [])): (d, a, li)
+                for d in dtypes for a in attentions for li in linears}
     from align.loading import DTYPES, default_device, load_verifier_model
 
     if unknown := [d for d in dtypes if d not in DTYPES]:
@@ -65,12 +73,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     try:
         verifiers = {label: Verifier(load_verifier_model(args.verifier, d, args.device or default_device())[0])
-                     for label, (d, _) in settings.items()}
+                     for label, (d, _, _) in settings.items()}
     except AlignError as error:
         raise SystemExit(f"error: {error}") from None
-    for label, (_, attention) in settings.items():
+    for label, (_, attention, linear) in settings.items():
         if attention == "transformers" and verifiers[label].model.config._attn_implementation == GQA_SDPA:
             verifiers[label].model.set_attn_implementation("sdpa")  # back to transformers' own
+        if linear == "transformers":
+            verifiers[label].skinny = False  # nn.Linear's own product in every pass
     vocab = min(v.model.config.get_text_config().vocab_size for v in verifiers.values())
     generator = torch.Generator(device="cpu").manual_seed(0)  # the same tokens on every device
     prompt = torch.randint(0, vocab, (args.prefix,), generator=generator, device="cpu").tolist()

@@ -17,7 +17,7 @@ from align.speculative import SpeculativeDecoder
 from align.errors import AlignError
 from align.trees import (CostCurve, Tree, TreeShape, TreeSizer, accept_greedy, accept_sampling, sized_tree,
                          tree_from_marginals)
-from align.verifier import GQA_SDPA, Verifier, ar_generate
+from align.verifier import GQA_SDPA, SKINNY_ROWS, Verifier, ar_generate
 from conftest import MASK, VOCAB, tiny_drafter, tiny_verifier
 from test_sampling import PROMPT, V, chi_square_p, exact_distribution
 
@@ -212,6 +212,50 @@ def test_the_tree_pass_is_what_sequential_passes_give(grouped, monkeypatch):
         alone = model(input_ids=torch.tensor([prompt + [tokens[i] for i in path] + [11, 12, 13]])).logits[0, -3:]
     assert torch.allclose(after[0], alone.float(), atol=1e-6)
     assert any(in_place) == grouped and model.config._attn_implementation == GQA_SDPA
+
+
+def test_the_skinny_product_scores_as_nn_linear_inside_the_verifiers_passes_only(monkeypatch):
+    """A float32 verifier on the CPU scores a pass over 2 to SKINNY_ROWS positions as W x^T
+    (align.verifier.skinny_linear): the same logits as nn.Linear's x W^T to float32 rounding, the same greedy output
+    as generate token for token over random trees; a longer pass, and the model outside the verifier's passes
+    (generate, a direct call), run nn.Linear's own product, bit for bit."""
+    mm, calls = torch.mm, []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return mm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "mm", counted)
+    model, plain = tiny_verifier(0, dtype=torch.float32), tiny_verifier(0, dtype=torch.float32)
+    model.model.layers[0].self_attn.q_proj.bias = torch.nn.Parameter(torch.randn(32))  # a layer with a bias too
+    plain.model.layers[0].self_attn.q_proj.bias = torch.nn.Parameter(model.model.layers[0].self_attn.q_proj.bias.data)
+    skinny, stock = Verifier(model), Verifier(plain)
+    assert skinny.skinny and stock.skinny
+    stock.skinny = False  # nn.Linear's product in its passes: the reference
+    marginals = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(1)).log_softmax(-1)
+    for verifier in (skinny, stock):
+        verifier.start([5, 6, 7, 8, 9])
+        verifier.score(torch.zeros((1, 0), dtype=torch.long))
+        verifier.commit(0, 0, 10)
+    layers = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    for nodes in (1, SKINNY_ROWS - 1, SKINNY_ROWS):  # 2 rows, the most, one more
+        tree = tree_from_marginals(marginals, TreeShape(nodes, 4, 3))
+        calls.clear()
+        rows = skinny.score_tree(tree)
+        assert len(calls) == (layers if nodes < SKINNY_ROWS else 0), nodes  # every layer, the head included
+        calls.clear()
+        assert torch.allclose(rows, stock.score_tree(tree), atol=1e-5) and not calls
+        skinny.commit_tree([], 11)
+        stock.commit_tree([], 11)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits) and not calls
+    for seed in range(3):
+        model = tiny_verifier(seed, dtype=torch.float32)
+        for gamma in (4, 8):
+            for shape in ("6x3", "3x2", "16x4/auto"):
+                check_greedy_tree(Ranked(model, seed), model, seed, gamma, shape, eos_inside=False)
+    assert calls
 
 
 def test_a_mask_that_lets_siblings_see_each_other_is_caught(monkeypatch):
