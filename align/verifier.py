@@ -66,9 +66,9 @@ def use_gqa_sdpa(model: Any) -> None:
     model.set_attn_implementation(GQA_SDPA)
 
 
-#: passes over at most this many positions take :func:`skinny_linear` (past it the usual product is as fast or faster:
-#: SmolLM2 on an AVX2 CPU, 12 positions 2.15 steps against 1.77; docs/results.md)
-SKINNY_ROWS = 8
+#: passes over at most this many positions take :func:`skinny_linear` (past it ``nn.Linear``'s product is as fast or
+#: faster: SmolLM2 on an AVX2 CPU, 20 positions 2.19 steps against 2.02; docs/results.md)
+SKINNY_ROWS = 16
 _SKINNY = ContextVar("align_skinny_linears", default=False)  # set inside the verifier's own passes only
 
 
@@ -77,15 +77,26 @@ def skinny_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     positions in float32: there ``W x^T`` (the weight as the product's tall left factor, the few rows as its thin
     right one) in place of ``x W^T``. The math library packs the right factor before a product; ``x W^T`` makes that
     the whole weight, read and written once more per pass, while ``W x^T`` packs a few rows and streams the weight
-    once, as a one-position step does. A SmolLM2 pass over 2 positions then costs 1.24 steps of one instead of 1.59,
-    over 4 1.25 instead of 1.67, on an AVX2 CPU (``bench/verify_cost.py --linear align,transformers``,
-    docs/results.md). The same products summed in another order: logits within float32 rounding
-    (|Δ| ≤ 1.1e-3 on SmolLM2's logits, every argmax equal over 200 passes) of ``x W^T``'s, as any two kernels' are."""
+    once, as a one-position step does.
+
+    Three details carry the speed: the rows are handed over contiguous (``x^T`` then the column-major panel the
+    library packs in a moment; row-major, SmolLM2's down projection costs 3.5 times as much), the result is handed on
+    contiguous (left transposed, every later product and elementwise op of the pass reads it strided), and the rows
+    are padded with zeros to a power of two (the library's kernels take columns in fours, eights and sixteens: on an
+    AVX2 CPU sixty SmolLM2 MLP matrices cost 2.7 times one row's product at 13 or 14 rows, 1.6 at 16). A SmolLM2 pass
+    over 2 positions then costs 0.91 steps of the one-position step (whose matrix-vector product is the slower
+    kernel), over 4 0.96, over 8 1.36, over 16 1.65, where ``nn.Linear``'s cost 1.55, 1.60, 1.60 and 1.85 (``bench/verify_cost.py
+    --linear align,transformers``, docs/results.md). The same products summed in another order: logits within float32
+    rounding (|Δ| ≤ 1.1e-3 on SmolLM2's logits, every argmax equal over 200 passes) of ``x W^T``'s, as any two
+    kernels' are."""
     weight = module.weight
     rows = x.numel() // x.shape[-1] if x.dim() else 0
     if not (_SKINNY.get() and 1 < rows <= SKINNY_ROWS and weight.dtype == torch.float32 and x.device.type == "cpu"):
         return torch.nn.functional.linear(x, weight, module.bias)
-    out = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
+    flat = x.reshape(rows, x.shape[-1])
+    width = 1 << (rows - 1).bit_length()
+    flat = torch.cat([flat, flat.new_zeros(width - rows, flat.shape[1])]) if width > rows else flat.contiguous()
+    out = torch.mm(weight, flat.t())[:, :rows].t().contiguous()
     if module.bias is not None:
         out = out + module.bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -241,7 +252,10 @@ class Verifier:
         key = (nodes, len(self.pending))
         if key in self._costs:
             return self._costs[key]
-        sizes = sorted({0, 1, nodes} | {n for n in (2, 4, 8, 12, 16, 24, 32, 48, 64) if n < nodes})
+        # where the positions (pending + nodes) reach a power of two and just pass it: a product's cost steps there
+        # (skinny_linear pads to them), and between two such sizes it is flat or straight
+        steps = {(1 << k) - len(self.pending) + extra for k in range(1, nodes.bit_length() + 2) for extra in (0, 1)}
+        sizes = sorted({0, 1, nodes} | {n for n in steps if 0 < n < nodes})
         token, seconds = self.pending[-1], []
         for n in [nodes] + sizes:  # the first: a warm-up
             star = Tree(torch.full((n,), token, device=self.device), torch.full((n,), -1, device=self.device),

@@ -34,6 +34,8 @@ def main() -> None:
     p.add_argument("--linear", default="align", help="the verifier's linear layers (comma list): align (a pass over "
                    "a few positions in float32 on the CPU as W x^T, align.verifier.skinny_linear) or transformers "
                    "(nn.Linear's x W^T)")
+    p.add_argument("--skinny-rows", type=int, default=None, help="the most positions a pass computes as W x^T "
+                   "(align.verifier.SKINNY_ROWS; raise it to see the product past where align stops using it)")
     p.add_argument("--positions", default="1,2,3,4,6,8,12,16,17", help="positions scored per pass (comma list)")
     p.add_argument("--prefix", type=int, default=300, help="tokens in the cache before the first timed pass")
     p.add_argument("--reps", type=int, default=30)
@@ -71,6 +73,10 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.skinny_rows is not None:
+        import align.verifier
+
+        align.verifier.SKINNY_ROWS = args.skinny_rows
     try:
         verifiers = {label: Verifier(load_verifier_model(args.verifier, d, args.device or default_device())[0])
                      for label, (d, _, _) in settings.items()}

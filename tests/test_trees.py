@@ -216,13 +216,13 @@ def test_the_tree_pass_is_what_sequential_passes_give(grouped, monkeypatch):
 
 def test_the_skinny_product_scores_as_nn_linear_inside_the_verifiers_passes_only(monkeypatch):
     """A float32 verifier on the CPU scores a pass over 2 to SKINNY_ROWS positions as W x^T
-    (align.verifier.skinny_linear): the same logits as nn.Linear's x W^T to float32 rounding, the same greedy output
+    (align.verifier.skinny_linear), its rows padded to a power of two: the same logits as nn.Linear's x W^T to float32 rounding, the same greedy output
     as generate token for token over random trees; a longer pass, and the model outside the verifier's passes
     (generate, a direct call), run nn.Linear's own product, bit for bit."""
     mm, calls = torch.mm, []
 
     def counted(*args, **kwargs):
-        calls.append(args[0].shape)
+        calls.append(args[1].shape[-1])  # the product's columns: the rows, padded
         return mm(*args, **kwargs)
 
     monkeypatch.setattr(torch, "mm", counted)
@@ -238,11 +238,11 @@ def test_the_skinny_product_scores_as_nn_linear_inside_the_verifiers_passes_only
         verifier.score(torch.zeros((1, 0), dtype=torch.long))
         verifier.commit(0, 0, 10)
     layers = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-    for nodes in (1, SKINNY_ROWS - 1, SKINNY_ROWS):  # 2 rows, the most, one more
-        tree = tree_from_marginals(marginals, TreeShape(nodes, 4, 3))
+    for nodes, width in ((1, 2), (2, 4), (4, 8), (SKINNY_ROWS - 1, SKINNY_ROWS), (SKINNY_ROWS, None)):
+        tree = tree_from_marginals(marginals, TreeShape(nodes, 4, 3))  # 2, 3 (padded to 4), 5, the most, one more
         calls.clear()
         rows = skinny.score_tree(tree)
-        assert len(calls) == (layers if nodes < SKINNY_ROWS else 0), nodes  # every layer, the head included
+        assert calls == ([width] * layers if width else []), nodes  # every layer, the head included
         calls.clear()
         assert torch.allclose(rows, stock.score_tree(tree), atol=1e-5) and not calls
         skinny.commit_tree([], 11)
