@@ -83,12 +83,12 @@ def skinny_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     library packs in a moment; row-major, SmolLM2's down projection costs 3.5 times as much), the result is handed on
     contiguous (left transposed, every later product and elementwise op of the pass reads it strided), and the rows
     are padded with zeros to a power of two (the library's kernels take columns in fours, eights and sixteens: on an
-    AVX2 CPU sixty SmolLM2 MLP matrices cost 2.7 times one row's product at 13 or 14 rows, 1.6 at 16). A SmolLM2 pass
+    AVX2 CPU a SmolLM2 pass over 14 positions cost 2.36 steps of one unpadded, 1.67 padded to 16). A SmolLM2 pass
     over 2 positions then costs 0.91 steps of the one-position step (whose matrix-vector product is the slower
-    kernel), over 4 0.96, over 8 1.36, over 16 1.65, where ``nn.Linear``'s cost 1.55, 1.60, 1.60 and 1.85 (``bench/verify_cost.py
-    --linear align,transformers``, docs/results.md). The same products summed in another order: logits within float32
-    rounding (|Δ| ≤ 1.1e-3 on SmolLM2's logits, every argmax equal over 200 passes) of ``x W^T``'s, as any two
-    kernels' are."""
+    kernel), over 4 0.96, over 8 1.36, over 16 1.65, where ``nn.Linear``'s cost 1.55, 1.60, 1.60 and 1.85
+    (``bench/verify_cost.py --linear align,transformers``, docs/results.md). The same products summed in another
+    order: logits within float32 rounding (|Δ| ≤ 1.1e-3 on SmolLM2's logits, every argmax equal over 200 passes) of
+    ``x W^T``'s, as any two kernels' are."""
     weight = module.weight
     rows = x.numel() // x.shape[-1] if x.dim() else 0
     if not (_SKINNY.get() and 1 < rows <= SKINNY_ROWS and weight.dtype == torch.float32 and x.device.type == "cpu"):

@@ -216,9 +216,9 @@ def test_the_tree_pass_is_what_sequential_passes_give(grouped, monkeypatch):
 
 def test_the_skinny_product_scores_as_nn_linear_inside_the_verifiers_passes_only(monkeypatch):
     """A float32 verifier on the CPU scores a pass over 2 to SKINNY_ROWS positions as W x^T
-    (align.verifier.skinny_linear), its rows padded to a power of two: the same logits as nn.Linear's x W^T to float32 rounding, the same greedy output
-    as generate token for token over random trees; a longer pass, and the model outside the verifier's passes
-    (generate, a direct call), run nn.Linear's own product, bit for bit."""
+    (align.verifier.skinny_linear), its rows padded to a power of two: the same logits as nn.Linear's x W^T to float32
+    rounding, the same greedy output as generate token for token over random trees; a longer pass, and the model
+    outside the verifier's passes (generate, a direct call), run nn.Linear's own product, bit for bit."""
     mm, calls = torch.mm, []
 
     def counted(*args, **kwargs):
