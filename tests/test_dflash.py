@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -198,6 +199,42 @@ def test_a_feature_cache_cut_short_resumes_where_it_was(tmp_path, monkeypatch):
     build_cache(verifier, [0, 1], seqs, "cut", batch_tokens=24, progress=False)
     assert sum(ran) == len(seqs)  # every rollout run once over the two builds
     assert torch.equal(FeatureCache("cut").data, whole) and not (tmp_path / "features" / "cut" / DONE).exists()
+
+
+def test_a_feature_cache_without_room_on_its_disk_is_refused_before_the_verifier_runs(tmp_path, monkeypatch):
+    """The cache is written through a shared memory map, where a full disk kills the process with a bus error: a disk
+    without room for the whole file is refused first, in one line naming the ways out, the verifier never run and
+    nothing written; a build cut short needs room only for what its file lacks, and resumes with none to spare."""
+    from align.dflash import cache
+    from align.features import FeatureTap
+
+    monkeypatch.setenv("ALIGN_CACHE", str(tmp_path))
+    verifier, _ = pair(0)
+    rng = random.Random(0)
+    seqs = [[rng.randrange(4, 64) for _ in range(rng.randrange(3, 12))] for _ in range(24)]
+    size = sum(map(len, seqs)) * 2 * verifier.config.hidden_size * verifier.dtype.itemsize  # two layers a token
+    disk = SimpleNamespace(free=size - 1)
+    monkeypatch.setattr(cache.shutil, "disk_usage", lambda path: disk)
+    ran, real, cut = [], FeatureTap.run, [None]
+
+    def run(self, model, **inputs):
+        if len(ran) == cut[0]:
+            raise KeyboardInterrupt
+        ran.append(1)
+        return real(self, model, **inputs)
+
+    monkeypatch.setattr(FeatureTap, "run", run)
+    with pytest.raises(AlignError, match=r"^the feature cache needs \d+\.\d MB more in .* and that disk has \d+\.\d MB "
+                                         r"free: .* set ALIGN_CACHE .* \(data\.feature_cache: false"):
+        cache.build_cache(verifier, [0, 1], seqs, "full", batch_tokens=24, progress=False)
+    assert not ran and not (tmp_path / "features" / "full" / cache.PARTIAL).exists()
+
+    disk.free, cut[0] = size, 3  # room for it: a build cut short after three batches...
+    with pytest.raises(KeyboardInterrupt):
+        cache.build_cache(verifier, [0, 1], seqs, "full", batch_tokens=24, progress=False, checkpoint_s=0)
+    disk.free, cut[0] = 0, None  # ...resumes on a full disk: its file holds the space already
+    cache.build_cache(verifier, [0, 1], seqs, "full", batch_tokens=24, progress=False)
+    assert len(ran) > 3 and cache.FeatureCache("full").data.shape[0] == sum(map(len, seqs))
 
 
 def test_walking_the_training_passs_streaks_gives_greedy_decodings_blocks():

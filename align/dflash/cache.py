@@ -7,7 +7,10 @@ rollouts' rows from that file, memory-mapped: no verifier in the training loop. 
 of every rollout, the verifier's weights, the layers and the dtype, so other rollouts or another verifier get a file
 of their own, and runs over the same ones (a sweep, a resumed run) share one. The lead process builds it (other
 processes wait); a build cut short leaves no index, and the next run resumes it: every 30 s the build flushes the
-file and records which rollouts it holds (``features.bin.done``), and a rerun computes only the others.
+file and records which rollouts it holds (``features.bin.done``), and a rerun computes only the others. The file
+is written through a shared memory map, where a full disk is a bus error, not an error: so before the verifier runs
+the build checks that the disk has room for what the file still lacks, refusing in one line where it has not, and
+allocates it.
 
 Size: tokens × layers × the verifier's width × bytes — the tiny world's 136k tokens of prompts and responses × 2 ×
 256 in float32 is 278 MB; an 8B verifier's 3 layers of 4,096 in bfloat16, 24 KB a token (the tens of terabytes users
@@ -16,9 +19,11 @@ of other trainers meet at millions of rollouts: hence online by default).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from align.dflash.batch import pad
+from align.errors import AlignError
 from align.features import FeatureTap
 from align.files import write_text
 from align.locks import exclusive
@@ -72,9 +78,7 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
         width = len(layers) * verifier.config.get_text_config().hidden_size
         partial, size = folder / PARTIAL, offsets[-1] * width * dtype.itemsize
         done = _written(folder, size)
-        if not done:
-            with open(partial, "wb") as f:
-                f.truncate(size)
+        _reserve(partial, size, keep=bool(done))
         data = torch.from_file(str(partial), shared=True, size=offsets[-1] * width, dtype=dtype).view(-1, width)
         bar = tqdm(total=offsets[-1], initial=sum(len(sequences[i]) for i in done), desc="features", unit="tok",
                    disable=not progress, dynamic_ncols=True)
@@ -122,6 +126,34 @@ def _written(folder: Path, size: int) -> set[int]:
     if record.get("bytes") != size or not partial.is_file() or partial.stat().st_size != size:
         return set()
     return set(record["done"])
+
+
+def _reserve(partial: Path, size: int, keep: bool) -> None:
+    """Give the partial file its ``size`` bytes on the disk before the verifier runs (``keep``: a build cut short,
+    whose contents stay; only its holes are allocated). The file is written through a shared memory map, where a
+    full disk is a bus error that kills the process mid-build, not an error anything can report: so the space is
+    checked first (one line naming the shortfall and the ways out, nothing written) and then allocated, where a disk
+    that fills meanwhile is the ordinary disk-full error (``align.errors.run_cli``)."""
+    held = partial.stat().st_blocks * 512 if partial.is_file() else 0  # what the old partial file occupies
+    need = max(0, size - held) if keep else size
+    free = shutil.disk_usage(partial.parent).free + (0 if keep else held)  # an unusable old file is rewritten
+    if need > free:
+        raise AlignError(f"the feature cache needs {_amount(need)} more in {partial.parent} and that disk has "
+                         f"{_amount(free)} free: free space there, set ALIGN_CACHE to a folder on a larger disk, "
+                         "or train without it (data.feature_cache: false: the verifier then runs in every step)")
+    allocate = getattr(os, "posix_fallocate", None)  # not on every platform: there a sparse file, as checked
+    with open(partial, "r+b" if keep else "wb") as f:
+        f.truncate(size)
+        try:
+            if allocate is not None and size:
+                allocate(f.fileno(), 0, size)
+        except OSError as error:
+            if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP):  # a file system that cannot allocate ahead
+                raise
+
+
+def _amount(size: int) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
 
 
 def _checkpoint(folder: Path, size: int, done: set[int]) -> float:
