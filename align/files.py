@@ -8,11 +8,12 @@ next write of that file or folder removes (folders with a notice).
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 
 @contextmanager
@@ -34,6 +35,22 @@ def write_text(path: str | Path, text: str) -> None:
     """``Path(path).write_text(text)``, atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def save_tensors(obj: Any, path: str | Path) -> None:
+    """``torch.save(obj, path)``, atomically. torch reports a write that failed (a full disk, a file size limit) as a
+    RuntimeError of its zip writer; it is raised here as the OSError it is (ENOSPC), so that the command ends with
+    its one line on the disk (:func:`align.errors.run_cli`) instead of a traceback."""
+    import torch
+
+    with atomic_path(path) as tmp:
+        try:
+            torch.save(obj, tmp)
+        except RuntimeError as error:
+            if not any(mark in str(error) for mark in ("inline_container", "PytorchStreamWriter")):
+                raise
+            raise OSError(errno.ENOSPC, f"torch.save could not write {path} ({str(error).splitlines()[0][:120]})",
+                          str(path)) from error
 
 
 def discard_partial(partial: Path, what: str) -> None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import re
 from contextlib import nullcontext
@@ -45,6 +44,7 @@ from tqdm.auto import tqdm
 from align.config import Recipe, load_recipe
 from align.errors import AlignError, run_cli
 from align.families import traits
+from align.files import save_tensors
 from align.locks import exclusive
 from align.machine import resolve_dtype
 from align.prompts import encode_prompt
@@ -216,9 +216,8 @@ def generate_labels(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=Non
                     labels += y
                     features += f or []
                 if layers:  # before the chunk: a chunk in place has its features, unless labelled without them
-                    path = features_dir(recipe, layers) / f"{i:05d}.pt"
-                    torch.save({r["id"]: f for r, f in zip(part, features)}, path.with_suffix(".partial"))
-                    os.replace(path.with_suffix(".partial"), path)
+                    save_tensors({r["id"]: f for r, f in zip(part, features)},
+                                 features_dir(recipe, layers) / f"{i:05d}.pt")
                 _save_chunk(out / CHUNKS, i, [
                     {"prompt_id": r["id"], "category": r["category"], "prompt_ids": p, "response_ids": t,
                      "label_ids": y} for r, p, t, y in zip(part, prompts, responses, labels)])

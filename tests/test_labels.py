@@ -156,3 +156,43 @@ def test_rows_of_text_sharing_an_id_are_run_again_rather_than_given_each_others_
             {"prompt_id": "b", "label_ids": [2]}, {"prompt_id": "c", "label_ids": [1]}, {"prompt_id": "d", "label_ids": []}]
     assert labelled_features(None, [0], rows) == {1: stored["a"], 4: stored["c"]}  # a rollout "a" is not text
     assert labelled_features(None, [0], rows[:1]) == {}
+
+
+def test_labelling_on_a_full_disk_ends_in_one_line_and_a_rerun_finishes_it(model_dirs, world_prompts, tmp_path,
+                                                                          monkeypatch, capsys):
+    """torch.save reports a full disk as a RuntimeError of its zip writer: labelling ends with the command's one line
+    on the disk (exit 2) instead of a traceback, leaves no half-written features, and a rerun labels what is
+    missing."""
+    from align import labels
+    from align.config import load_recipe
+    from align.errors import run_cli
+
+    source = tmp_path / "text.jsonl"
+    source.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"Say something about item {i}.",
+                                          "response": "a river runs by the city"}) + "\n" for i in range(10)))
+    args = overrides(model_dirs, world_prompts, tmp_path / "run", "dflash", **{
+        "data.text": source, "data.text_rows": 9, "data.text_tokens": 16, "data.feature_cache": "true"})
+    real, saved = torch.save, []
+
+    def full_disk(obj, path, *rest, **kwargs):  # the first chunk's features fit, the second's do not
+        if saved:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+        saved.append(path)
+        return real(obj, path, *rest, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(SystemExit) as stop:
+        run_cli(labels.main, ["recipes/tiny.yaml", *args])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the progress bar
+    assert stop.value.code == 2 and "Traceback" not in err and "enforce fail" not in err, err
+    assert last.startswith("error: no room on the disk writing ") and "00001.pt (No space left on device)" in last
+    recipe = load_recipe("recipes/tiny.yaml", args)
+    folder = labels.features_dir(recipe, labels.feature_layers(recipe))
+    assert sorted(p.name for p in folder.iterdir()) == ["00000.pt"]  # nothing half-written beside it
+
+    monkeypatch.setattr(torch, "save", real)
+    with pytest.raises(SystemExit) as stop:
+        run_cli(labels.main, ["recipes/tiny.yaml", *args])
+    assert stop.value.code == 0 and sorted(p.name for p in folder.iterdir()) == ["00000.pt", "00001.pt"]
+    assert len(labels.text_features(recipe, labels.feature_layers(recipe))) == 10  # two whole chunks of 8

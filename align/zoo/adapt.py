@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from align.drafters.diffusion import FAMILIES
 from align.families import traits
-from align.files import atomic_path
+from align.files import save_tensors
 from align.zoo.pretrain import Doc, drafter_batch, packed_drafter_batch
 
 
@@ -113,8 +113,7 @@ def adapt(model: Any, family: str, docs: list[Doc], steps: int, batch_size: int,
         losses.append(loss.item())
         bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
         if (step + 1) % save_every == 0 and step + 1 < steps:
-            with atomic_path(checkpoint) as tmp:
-                torch.save({"settings": settings, "step": step + 1, "losses": losses, "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp)
+            save_tensors({"settings": settings, "step": step + 1, "losses": losses, "model": model.state_dict(),
+                          "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, checkpoint)
     model.eval()
     return losses
