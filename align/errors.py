@@ -37,7 +37,8 @@ def quiet_libraries() -> None:
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
-    """Run ``main(argv)`` and turn an :class:`AlignError` into one line on stderr and exit status 2."""
+    """Run ``main(argv)`` and turn an :class:`AlignError`, or a write that found no room on the disk
+    (:func:`disk_full`), into one line on stderr and exit status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_libraries()
     debug = os.environ.get("ALIGN_DEBUG") == "1"
@@ -55,12 +56,13 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except OSError as error:
-        if debug or error.errno not in DISK_FULL:
+    except Exception as error:
+        lacking = disk_full(error)
+        if debug or lacking is None:
             raise
         _close_progress_bars()
-        where = f" writing {error.filename}" if error.filename else ""
-        print(f"error: no room on the disk{where} ({os.strerror(error.errno)}); free space and run the same command "
+        where = f" writing {error.filename}" if getattr(error, "filename", None) else ""
+        print(f"error: no room on the disk{where} ({os.strerror(lacking)}); free space and run the same command "
               "again: what was written completely is kept (checkpoints, rollout chunks) and the rest is redone",
               file=sys.stderr)
         sys.exit(2)
@@ -68,6 +70,14 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
 
 
 DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # no space, file over the size limit, quota exceeded
+
+
+def disk_full(error: BaseException) -> int | None:
+    """The errno of a write that found no room (:data:`DISK_FULL`), or None: an OSError's own, or the one a library's
+    error carries in Rust's form, ``(os error 28)`` (safetensors, which writes every model folder)."""
+    if isinstance(error, OSError):
+        return error.errno if error.errno in DISK_FULL else None
+    return next((code for code in DISK_FULL if f"(os error {code})" in str(error)), None)
 
 
 def _close_progress_bars() -> None:

@@ -278,6 +278,30 @@ def test_export_cli_matches_the_final_export(model_dirs, world_prompts, tmp_path
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_an_export_that_finds_no_room_is_one_line_and_a_rerun_completes(model_dirs, world_prompts, tmp_path):
+    """safetensors reports a write that found no room as its own error ("... (os error 27)"), not an OSError: the
+    export still ends with the one-line disk message and exit 2, leaves no export, and a rerun writes it whole. A
+    file-size limit (RLIMIT_FSIZE) stands in for a full disk: the weights do not fit, the config does."""
+    import resource
+
+    out = tmp_path / "run"
+    assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2})) == 0
+    cmd = [sys.executable, "-m", "align.export", str(out / "checkpoints" / "step-2"), str(tmp_path / "exported")]
+    limit = 16 * 1024
+
+    def small_disk():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    full = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300, preexec_fn=small_disk)
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    assert full.stderr.strip().splitlines()[-1].startswith("error: no room on the disk (File too large)"), full.stderr
+    assert not (tmp_path / "exported").exists()
+    again = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    a, b = load_file(out / "final" / "model.safetensors"), load_file(tmp_path / "exported" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 
 
