@@ -20,8 +20,8 @@ renamed into place when whole, resumable, sharded) under ``<cache>/labels/<finge
 ``data.text_rows`` takes the first rows, and a larger set extends a smaller one.
 
 Where the recipe trains from a feature cache (``data.feature_cache``), the labelling pass also keeps the verifier's
-features of every row at the layers the drafter reads (``features-<layers>/<chunk>.pt``, the verifier's dtype): the
-cache then copies them instead of running the text through the verifier a second time (``align.dflash.cache``). A
+features of every row at the layers the drafter reads (``features-<layers>/<chunk>.pt`` in the verifier's dtype;
+``features-<layers>-bfloat16/`` where ``data.feature_dtype`` stores another): the cache then copies them instead of running the text through the verifier a second time (``align.dflash.cache``). A
 chunk labelled without them (another drafter's layers, an earlier run) is simply run again there.
 
 Rows: ``prompt_id``, ``category`` (``text:<source>``), ``prompt_ids``, ``response_ids``, ``label_ids``.
@@ -81,16 +81,33 @@ def feature_layers(recipe: Recipe) -> list[int] | None:
     return list(config.get("dflash_config", {}).get("target_layer_ids", [])) or None
 
 
-def features_dir(recipe: Recipe, layers: list[int]) -> Path:
-    return labels_dir(recipe) / ("features-" + "-".join(map(str, layers)))
+def feature_storage(recipe: Recipe) -> torch.dtype:
+    """The dtype the labelling pass keeps the features in (``data.feature_dtype``: the verifier's, or bfloat16)."""
+    from align.dflash.cache import stored_dtype
+
+    return stored_dtype(recipe.data.feature_dtype, getattr(torch, resolve_dtype(recipe.verifier.dtype)))
+
+
+def features_dir(recipe: Recipe, layers: list[int], stored: torch.dtype | None = None) -> Path:
+    """Where the labelling pass keeps the features at ``layers`` in the dtype ``stored`` (None: the recipe's,
+    :func:`feature_storage`): a folder of their own for a dtype other than the verifier's, so that a cache is never
+    given features rounded to a dtype it does not store."""
+    stored = stored or feature_storage(recipe)
+    rounded = "" if stored == getattr(torch, resolve_dtype(recipe.verifier.dtype)) else "-" + str(stored).split(".")[1]
+    return labels_dir(recipe) / ("features-" + "-".join(map(str, layers)) + rounded)
 
 
 def text_features(recipe: Recipe, layers: list[int]) -> dict[str, torch.Tensor]:
     """The features the labelling pass kept at ``layers``, per row id (memory-mapped): (tokens of prompt ‖ response,
-    len(layers) · hidden)."""
+    len(layers) · hidden). Those kept in the verifier's own dtype serve a bfloat16 store too (rounded when the cache
+    copies them, as the verifier's output is), so text labelled before ``data.feature_dtype`` changed is not run
+    again."""
+    own = features_dir(recipe, layers)
     found: dict[str, torch.Tensor] = {}
-    for path in sorted(features_dir(recipe, layers).glob("*.pt")):
-        found.update(torch.load(path, mmap=True, weights_only=True))
+    for folder in dict.fromkeys([features_dir(recipe, layers, getattr(torch, resolve_dtype(recipe.verifier.dtype))),
+                                 own]):  # its own dtype's last: where a row has both, those
+        for path in sorted(folder.glob("*.pt")):
+            found.update(torch.load(path, mmap=True, weights_only=True))
     return found
 
 
@@ -199,6 +216,7 @@ def generate_labels(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=Non
     layers = feature_layers(recipe) if todo else None
     if layers:
         features_dir(recipe, layers).mkdir(exist_ok=True)
+        stored = feature_storage(recipe)
     if todo:
         labeller = Labeller(recipe, device)
         tokenizer = labeller.tokenizer
@@ -216,7 +234,7 @@ def generate_labels(recipe: Recipe, shard: int = 0, shards: int = 1, barrier=Non
                     labels += y
                     features += f or []
                 if layers:  # before the chunk: a chunk in place has its features, unless labelled without them
-                    save_tensors({r["id"]: f for r, f in zip(part, features)},
+                    save_tensors({r["id"]: f.to(stored) for r, f in zip(part, features)},
                                  features_dir(recipe, layers) / f"{i:05d}.pt")
                 _save_chunk(out / CHUNKS, i, [
                     {"prompt_id": r["id"], "category": r["category"], "prompt_ids": p, "response_ids": t,

@@ -167,6 +167,32 @@ def test_the_feature_caches_key_names_rollouts_verifier_and_layers():
     assert len({key, cache_key(theirs, torch.float64, [0, 1], seqs), cache_key(mine, torch.float64, [0], seqs),
                 cache_key(mine, torch.float64, [0, 1], [[4, 5], [6, 7, 8]]),
                 cache_key(mine, torch.float32, [0, 1], seqs)}) == 5
+    # features stored in another dtype than the verifier's are a cache of their own; in its own, the same cache
+    assert cache_key(mine, torch.float64, [0, 1], seqs, torch.float64) == key
+    assert len({key, cache_key(mine, torch.float64, [0, 1], seqs, torch.bfloat16),
+                cache_key(mine, torch.bfloat16, [0, 1], seqs)}) == 3
+
+
+def test_a_bfloat16_feature_cache_holds_the_verifiers_features_rounded_in_half_the_bytes(tmp_path, monkeypatch):
+    """data.feature_dtype: bfloat16 stores what the verifier computed, rounded (not a bfloat16 verifier's features),
+    in half a float32 cache's bytes, and the training pass reads them in the drafter's dtype."""
+    from align.dflash.cache import DATA, FeatureCache, build_cache
+
+    monkeypatch.setenv("ALIGN_CACHE", str(tmp_path))
+    verifier, model = pair(0, dtype=torch.float32)
+    rng = random.Random(0)
+    seqs = [[rng.randrange(4, 64) for _ in range(rng.randrange(3, 12))] for _ in range(12)]
+    whole = build_cache(verifier, [0, 1], seqs, "float32", batch_tokens=24, progress=False)
+    half = build_cache(verifier, [0, 1], seqs, "bfloat16", batch_tokens=24, progress=False, dtype=torch.bfloat16)
+    assert (half / DATA).stat().st_size * 2 == (whole / DATA).stat().st_size
+    exact, rounded = FeatureCache("float32"), FeatureCache("bfloat16")
+    assert rounded.data.dtype == torch.bfloat16 and torch.equal(rounded.data, exact.data.to(torch.bfloat16))
+    assert not torch.equal(rounded.data.float(), exact.data)  # rounded, not the same numbers
+    batch = make_batch([{"prompt_ids": s[:2], "response_ids": s[2:]} for s in seqs[:2]],
+                       torch.tensor([[0, 0], [1, 0]]), 4)
+    a, b = (drafter_logits(model, verifier.get_input_embeddings(), verifier.get_output_embeddings(), batch,
+                           cache.take([0, 1], batch.ids.shape[1]), MASK, 64) for cache in (exact, rounded))
+    assert b.dtype == a.dtype == torch.float32 and torch.allclose(a, b, atol=0.05) and not torch.equal(a, b)
 
 
 def test_a_feature_cache_cut_short_resumes_where_it_was(tmp_path, monkeypatch):

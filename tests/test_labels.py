@@ -146,6 +146,45 @@ def test_the_labelling_pass_keeps_the_texts_features_and_the_feature_cache_copie
     assert not (cache.take([0], cache.offsets[1]) == 7.0).any()  # a rollout: run through the verifier
 
 
+def test_a_bfloat16_store_keeps_the_texts_features_rounded_and_takes_those_kept_in_float32(model_dirs, world_prompts,
+                                                                                          tmp_path):
+    """data.feature_dtype: bfloat16: labelling keeps the verifier's features of each row rounded to bfloat16, in a
+    folder of their own; text labelled earlier with float32 features gives those to a bfloat16 store (the cache
+    rounds them as it copies) instead of being run again."""
+    from align.config import load_recipe
+    from align.features import FeatureTap
+    from align.labels import Labeller, features_dir, feature_layers, generate_labels, text_features
+
+    def recipe(name, *more):
+        source = tmp_path / f"{name}.jsonl"
+        source.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"Tell me about {name} {i}.",
+                                              "response": "the tide comes in and the boats rise " * (1 + i % 2)})
+                                  + "\n" for i in range(6)))
+        return load_recipe("recipes/tiny.yaml", overrides(model_dirs, world_prompts, tmp_path / name, "dflash", **{
+            "data.text": source, "data.text_tokens": 16, "data.feature_cache": "true"}) + list(more))
+
+    half = recipe("a", "data.feature_dtype=bfloat16")
+    made, layers = generate_labels(half), feature_layers(half)
+    assert features_dir(half, layers).name.endswith("-bfloat16") and list(features_dir(half, layers).glob("*.pt"))
+    stored = text_features(half, layers)
+    verifier = Labeller(half, "cpu").model
+    with FeatureTap(verifier, layers, stop=True) as tap:
+        for row in made:
+            alone = tap.run(verifier, input_ids=torch.tensor([row["prompt_ids"] + row["response_ids"]]),
+                            use_cache=False)[0]
+            assert stored[row["prompt_id"]].dtype == torch.bfloat16
+            torch.testing.assert_close(stored[row["prompt_id"]].float(), alone, rtol=2 ** -8, atol=1e-5)
+
+    exact = recipe("b")
+    generate_labels(exact)
+    kept = text_features(exact, layers)
+    assert {v.dtype for v in kept.values()} == {torch.float32}
+    later = recipe("b", "data.feature_dtype=bfloat16")  # the same text, labelled already
+    assert features_dir(later, layers) != features_dir(exact, layers)
+    taken = text_features(later, layers)
+    assert taken.keys() == kept.keys() and all(torch.equal(taken[k], kept[k]) for k in kept)
+
+
 def test_rows_of_text_sharing_an_id_are_run_again_rather_than_given_each_others_features(monkeypatch):
     import align.labels
     from align.distill.strategy import labelled_features

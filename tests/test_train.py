@@ -158,7 +158,8 @@ def test_two_processes_follow_the_one_process_loss_curve(model_dirs, world_promp
 
 def test_cached_features_follow_the_online_loss_curve(model_dirs, world_prompts, tmp_path):
     """data.feature_cache: the verifier's features computed once into the cache give the online run's losses (the
-    same features, from other batches), and a second run reuses the cache."""
+    same features, from other batches), a second run reuses the cache, and one that stores them in bfloat16 builds
+    its own, half the size."""
     from align.paths import cache_dir
 
     args = dict(model_dirs=model_dirs, prompts=world_prompts, family="dflash")
@@ -175,6 +176,13 @@ def test_cached_features_follow_the_online_loss_curve(model_dirs, world_prompts,
     assert run_main(overrides(out=tmp_path / "again", **args, **steps, **{"data.feature_cache": "true"})) == 0
     assert next(iter(built)).stat().st_mtime_ns == stamp  # reused, not rebuilt
     assert losses(tmp_path / "again") == b
+    # stored in bfloat16: a cache of its own in half the bytes, and nearly the same losses
+    assert run_main(overrides(out=tmp_path / "half", **args, **steps, **{"data.feature_cache": "true",
+                                                                          "data.feature_dtype": "bfloat16"})) == 0
+    (half,) = set((cache_dir() / "features").glob("*/features.bin")) - before - built
+    assert half.stat().st_size * 2 == next(iter(built)).stat().st_size
+    c = losses(tmp_path / "half")
+    assert c != b and all(abs(x - y) <= 1e-2 * max(1.0, abs(x)) for x, y in zip(b, c)), (b, c)
 
 
 @pytest.mark.parametrize("family, extra", [

@@ -2,7 +2,8 @@
 
 Online (the default), every training step runs the verifier over its rollouts for the features the dflash drafter
 reads. With the cache, one pass over all the rollouts before training writes them to
-``$ALIGN_CACHE/features/<key>/features.bin`` (row after row, the verifier's dtype), and every step reads its
+``$ALIGN_CACHE/features/<key>/features.bin`` (row after row, in the verifier's dtype or in bfloat16:
+``data.feature_dtype``), and every step reads its
 rollouts' rows from that file, memory-mapped: no verifier in the training loop. The key fingerprints the token ids
 of every rollout, the verifier's weights, the layers and the dtype, so other rollouts or another verifier get a file
 of their own, and runs over the same ones (a sweep, a resumed run) share one. The lead process builds it (other
@@ -13,8 +14,9 @@ the build checks that the disk has room for what the file still lacks, refusing 
 allocates it.
 
 Size: tokens × layers × the verifier's width × bytes — the tiny world's 136k tokens of prompts and responses × 2 ×
-256 in float32 is 278 MB; an 8B verifier's 3 layers of 4,096 in bfloat16, 24 KB a token (the tens of terabytes users
-of other trainers meet at millions of rollouts: hence online by default).
+256 in float32 is 278 MB; SmolLM2's 1.21M tokens × 5 × 576, 14 GB in float32 and 7 in bfloat16; an 8B verifier's 3
+layers of 4,096 in bfloat16, 24 KB a token (the tens of terabytes users of other trainers meet at millions of
+rollouts: hence online by default).
 """
 
 from __future__ import annotations
@@ -44,24 +46,33 @@ PARTIAL = DATA + ".partial"  # the file while it is built
 DONE = DATA + ".done"  # a build cut short: the rollouts its partial file holds
 
 
-def cache_key(fingerprint: str, dtype: torch.dtype, layers: list[int], sequences: list[list[int]]) -> str:
+def cache_key(fingerprint: str, dtype: torch.dtype, layers: list[int], sequences: list[list[int]],
+              stored: torch.dtype | None = None) -> str:
     """The cache's name: a digest of every rollout's tokens, the verifier's weights (``verifier_fingerprint``, which
-    does not tell float32 from bfloat16), its dtype and the layers."""
+    does not tell float32 from bfloat16), its dtype, the layers and the dtype the features are ``stored`` in where it
+    is not the verifier's (a float32 verifier's features rounded to bfloat16 are not a bfloat16 verifier's)."""
     digest = hashlib.sha256()
     for seq in sequences:
         digest.update(torch.tensor(seq, dtype=torch.int64, device="cpu").numpy().tobytes())
         digest.update(b"|")
-    digest.update(json.dumps([fingerprint, str(dtype), list(layers)]).encode())
+    named = [fingerprint, str(dtype), list(layers)] + ([str(stored)] if stored not in (None, dtype) else [])
+    digest.update(json.dumps(named).encode())
     return digest.hexdigest()[:16]
+
+
+def stored_dtype(setting: str, verifier_dtype: torch.dtype) -> torch.dtype:
+    """The dtype features are stored in (``data.feature_dtype``): the verifier's own, or bfloat16."""
+    return verifier_dtype if setting == "verifier" else getattr(torch, setting)
 
 
 @torch.no_grad()
 def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], key: str,
                 batch_tokens: int = 16384, progress: bool = True,
-                known: Callable[[], dict[int, torch.Tensor]] | None = None, checkpoint_s: float = 30.0) -> Path:
-    """Write the features of every sequence under the cache's ``key`` (nothing to do when it is there already);
-    the verifier runs batches of about ``batch_tokens`` padded tokens, sorted by length, and stops after the deepest
-    layer read. ``known()``, called only when the cache is built, gives features already computed by another pass
+                known: Callable[[], dict[int, torch.Tensor]] | None = None, checkpoint_s: float = 30.0,
+                dtype: torch.dtype | None = None) -> Path:
+    """Write the features of every sequence under the cache's ``key`` (nothing to do when it is there already),
+    stored in ``dtype`` (None: the verifier's); the verifier runs batches of about ``batch_tokens`` padded tokens,
+    sorted by length, and stops after the deepest layer read. ``known()``, called only when the cache is built, gives features already computed by another pass
     of the same verifier (the labelled text's, ``align.labels``), per sequence index, at least as long as the
     sequence: those are copied, not run again. Every ``checkpoint_s`` seconds the file is flushed and the sequences
     it holds recorded, so that a build cut short resumes where it was."""
@@ -71,7 +82,7 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
             return folder
         folder.mkdir(parents=True, exist_ok=True)
         device = next(verifier.parameters()).device
-        dtype = next(verifier.parameters()).dtype
+        dtype = dtype or next(verifier.parameters()).dtype
         offsets = [0]
         for seq in sequences:
             offsets.append(offsets[-1] + len(seq))
