@@ -119,11 +119,12 @@ class DataConfig:
                                  "runs every step (online). Not with objectives that read the verifier's logits "
                                  "(kd, tv, sampled_streak).")
     feature_dtype: str = option("verifier", "dflash with data.feature_cache: the dtype the features are stored in "
-                                "(the cache and the labelled text's). verifier: the verifier's own; bfloat16: a float32 "
-                                "verifier's features rounded to 8 significant bits in half the bytes (SmolLM2's "
-                                "feature cache 7.0 GB, not 14; the drafter trained on it decoded as fast), the "
-                                "precision a bfloat16 verifier computes in anyway. Not float16: SmolLM2's later layers "
-                                "reach 24,891, within 3x of its largest value.", choices=("verifier", "bfloat16"))
+                                "(the cache and the labelled text's). verifier: the verifier's own; bfloat16: a "
+                                "float32 verifier's features rounded to 8 significant bits in half the bytes "
+                                "(SmolLM2's feature cache 7.0 GB, not 14; the drafter trained on it decoded as fast), "
+                                "the precision a bfloat16 verifier computes in anyway. Not float16: SmolLM2's later "
+                                "layers reach 24,891, within 3x of its largest value.",
+                                choices=("verifier", "bfloat16"))
     text: str | None = option(None, "dflash: fixed text labelled by the verifier in one prefill pass, trained on beside "
                               "the rollouts (align/labels.py): english (the zoo's English text, each document after "
                               "a chat instruction) or a JSONL file of {\"id\", \"prompt\", \"response\"}; null: the "

@@ -21,8 +21,9 @@ renamed into place when whole, resumable, sharded) under ``<cache>/labels/<finge
 
 Where the recipe trains from a feature cache (``data.feature_cache``), the labelling pass also keeps the verifier's
 features of every row at the layers the drafter reads (``features-<layers>/<chunk>.pt`` in the verifier's dtype;
-``features-<layers>-bfloat16/`` where ``data.feature_dtype`` stores another): the cache then copies them instead of running the text through the verifier a second time (``align.dflash.cache``). A
-chunk labelled without them (another drafter's layers, an earlier run) is simply run again there.
+``features-<layers>-bfloat16/`` where ``data.feature_dtype`` stores another): the cache then copies them instead of
+running the text through the verifier a second time (``align.dflash.cache``). A chunk labelled without them (another
+drafter's layers, an earlier run) is simply run again there.
 
 Rows: ``prompt_id``, ``category`` (``text:<source>``), ``prompt_ids``, ``response_ids``, ``label_ids``.
 """
@@ -102,10 +103,9 @@ def text_features(recipe: Recipe, layers: list[int]) -> dict[str, torch.Tensor]:
     len(layers) · hidden). Those kept in the verifier's own dtype serve a bfloat16 store too (rounded when the cache
     copies them, as the verifier's output is), so text labelled before ``data.feature_dtype`` changed is not run
     again."""
-    own = features_dir(recipe, layers)
+    verifiers = features_dir(recipe, layers, getattr(torch, resolve_dtype(recipe.verifier.dtype)))
     found: dict[str, torch.Tensor] = {}
-    for folder in dict.fromkeys([features_dir(recipe, layers, getattr(torch, resolve_dtype(recipe.verifier.dtype))),
-                                 own]):  # its own dtype's last: where a row has both, those
+    for folder in dict.fromkeys([verifiers, features_dir(recipe, layers)]):  # the recipe's dtype last: it wins
         for path in sorted(folder.glob("*.pt")):
             found.update(torch.load(path, mmap=True, weights_only=True))
     return found

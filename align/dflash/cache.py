@@ -3,15 +3,14 @@
 Online (the default), every training step runs the verifier over its rollouts for the features the dflash drafter
 reads. With the cache, one pass over all the rollouts before training writes them to
 ``$ALIGN_CACHE/features/<key>/features.bin`` (row after row, in the verifier's dtype or in bfloat16:
-``data.feature_dtype``), and every step reads its
-rollouts' rows from that file, memory-mapped: no verifier in the training loop. The key fingerprints the token ids
-of every rollout, the verifier's weights, the layers and the dtype, so other rollouts or another verifier get a file
-of their own, and runs over the same ones (a sweep, a resumed run) share one. The lead process builds it (other
-processes wait); a build cut short leaves no index, and the next run resumes it: every 30 s the build flushes the
-file and records which rollouts it holds (``features.bin.done``), and a rerun computes only the others. The file
-is written through a shared memory map, where a full disk is a bus error, not an error: so before the verifier runs
-the build checks that the disk has room for what the file still lacks, refusing in one line where it has not, and
-allocates it.
+``data.feature_dtype``), and every step reads its rollouts' rows from that file, memory-mapped: no verifier in the
+training loop. The key fingerprints the token ids of every rollout, the verifier's weights, the layers and the
+dtype, so other rollouts or another verifier get a file of their own, and runs over the same ones (a sweep, a
+resumed run) share one. The lead process builds it (other processes wait); a build cut short leaves no index, and
+the next run resumes it: every 30 s the build flushes the file and records which rollouts it holds
+(``features.bin.done``), and a rerun computes only the others. The file is written through a shared memory map,
+where a full disk is a bus error, not an error: so before the verifier runs the build checks that the disk has room
+for what the file still lacks, refusing in one line where it has not, and allocates it.
 
 Size: tokens × layers × the verifier's width × bytes — the tiny world's 136k tokens of prompts and responses × 2 ×
 256 in float32 is 278 MB; SmolLM2's 1.21M tokens × 5 × 576, 14 GB in float32 and 7 in bfloat16; an 8B verifier's 3
@@ -72,10 +71,10 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
                 dtype: torch.dtype | None = None) -> Path:
     """Write the features of every sequence under the cache's ``key`` (nothing to do when it is there already),
     stored in ``dtype`` (None: the verifier's); the verifier runs batches of about ``batch_tokens`` padded tokens,
-    sorted by length, and stops after the deepest layer read. ``known()``, called only when the cache is built, gives features already computed by another pass
-    of the same verifier (the labelled text's, ``align.labels``), per sequence index, at least as long as the
-    sequence: those are copied, not run again. Every ``checkpoint_s`` seconds the file is flushed and the sequences
-    it holds recorded, so that a build cut short resumes where it was."""
+    sorted by length, and stops after the deepest layer read. ``known()``, called only when the cache is built,
+    gives features already computed by another pass of the same verifier (the labelled text's, ``align.labels``),
+    per sequence index, at least as long as the sequence: those are copied, not run again. Every ``checkpoint_s``
+    seconds the file is flushed and the sequences it holds recorded, so that a build cut short resumes where it was."""
     folder = cache_dir() / "features" / key
     with exclusive(folder.parent, key, f"the feature cache {folder}"):
         if (folder / INDEX).is_file():
