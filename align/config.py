@@ -112,8 +112,9 @@ class DataConfig:
                                      min=0.0, max=0.5)
     feature_cache: bool = option(False, "dflash: compute the verifier's features of every rollout once, before "
                                  "training, into the cache ($ALIGN_CACHE/features/, tokens x layers x width in the "
-                                 "verifier's dtype; runs over the same rollouts share it; a build cut short "
-                                 "resumes; a disk without room for the whole file is refused before the verifier "
+                                 "verifier's dtype; runs over the same rollouts share it; a build copies the rows "
+                                 "of sequences another cache of the same verifier, dtype, layers and storage "
+                                 "holds; a build cut short resumes; a disk without room for the whole file is refused before the verifier "
                                  "runs) and read them from there: no verifier pass in the training loop; "
                                  "data.text's rows bring theirs from their labelling pass. false: the verifier "
                                  "runs every step (online). Not with objectives that read the verifier's logits "

@@ -227,6 +227,42 @@ def test_a_feature_cache_cut_short_resumes_where_it_was(tmp_path, monkeypatch):
     assert torch.equal(FeatureCache("cut").data, whole) and not (tmp_path / "features" / "cut" / DONE).exists()
 
 
+def test_a_feature_cache_copies_the_rows_another_cache_of_its_setting_holds(tmp_path, monkeypatch):
+    """More sequences after fewer: the verifier runs only over those no built cache of the same setting (verifier,
+    dtype, layers, storage) holds, whatever their order or repeats: their rows are copied bit for bit, the others
+    computed (equal to a build from nothing but for the last bits batching moves); a cache of another setting gives
+    nothing."""
+    from align.dflash.cache import FeatureCache, build_cache, cache_setting
+    from align.features import FeatureTap
+
+    monkeypatch.setenv("ALIGN_CACHE", str(tmp_path))
+    verifier, _ = pair(0)
+    rng = random.Random(0)
+    seqs = [[rng.randrange(4, 64) for _ in range(rng.randrange(3, 12))] for _ in range(24)]
+    build_cache(verifier, [0, 1], seqs, "whole", batch_tokens=24, progress=False)
+    whole = FeatureCache("whole")
+    ran, real = [], FeatureTap.run
+
+    def run(self, model, input_ids, attention_mask, **inputs):
+        ran.extend(ids[:int(n)] for ids, n in zip(input_ids.tolist(), attention_mask.sum(1)))
+        return real(self, model, input_ids=input_ids, attention_mask=attention_mask, **inputs)
+
+    monkeypatch.setattr(FeatureTap, "run", run)
+    mine = cache_setting(verifier_fingerprint(verifier), torch.float64, [0, 1])
+    build_cache(verifier, [0, 1], seqs[:10], "first", batch_tokens=24, progress=False, setting=mine)
+    build_cache(verifier, [0, 1], seqs[10:16], "another", batch_tokens=24, progress=False,
+                setting=cache_setting("another verifier", torch.float64, [0, 1]))
+    ran.clear()
+    grown = seqs[5:] + [seqs[0], seqs[0]]
+    build_cache(verifier, [0, 1], grown, "grown", batch_tokens=24, progress=False, setting=mine)
+    assert sorted(ran) == sorted(seqs[10:])  # the new ones, the other setting's included, each once
+    got, first = FeatureCache("grown"), FeatureCache("first")
+    for r, i in enumerate([*range(5, 24), 0, 0]):  # the shared rows copied bit for bit, the others computed
+        row = got.data[got.offsets[r]:got.offsets[r + 1]]
+        assert torch.allclose(row, whole.data[whole.offsets[i]:whole.offsets[i + 1]], rtol=0, atol=1e-12)
+        assert i >= 10 or torch.equal(row, first.data[first.offsets[i]:first.offsets[i + 1]])
+
+
 def test_a_feature_cache_without_room_on_its_disk_is_refused_before_the_verifier_runs(tmp_path, monkeypatch):
     """The cache is written through a shared memory map, where a full disk kills the process with a bus error: a disk
     without room for the whole file is refused first, in one line naming the ways out, the verifier never run and

@@ -6,8 +6,10 @@ reads. With the cache, one pass over all the rollouts before training writes the
 ``data.feature_dtype``), and every step reads its rollouts' rows from that file, memory-mapped: no verifier in the
 training loop. The key fingerprints the token ids of every rollout, the verifier's weights, the layers and the
 dtype, so other rollouts or another verifier get a file of their own, and runs over the same ones (a sweep, a
-resumed run) share one. The lead process builds it (other processes wait); a build cut short leaves no index, and
-the next run resumes it: every 30 s the build flushes the file and records which rollouts it holds
+resumed run) share one; a build copies the rows of the sequences another cache of the same verifier, dtype, layers
+and storage already holds (its index names each sequence by a digest), so more text after less runs the verifier
+over the new sequences only. The lead process builds it (other processes wait); a build cut short leaves no index,
+and the next run resumes it: every 30 s the build flushes the file and records which rollouts it holds
 (``features.bin.done``), and a rerun computes only the others. The file is written through a shared memory map,
 where a full disk is a bus error, not an error: so before the verifier runs the build checks that the disk has room
 for what the file still lacks, refusing in one line where it has not, and allocates it.
@@ -22,12 +24,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -52,11 +55,29 @@ def cache_key(fingerprint: str, dtype: torch.dtype, layers: list[int], sequences
     is not the verifier's (a float32 verifier's features rounded to bfloat16 are not a bfloat16 verifier's)."""
     digest = hashlib.sha256()
     for seq in sequences:
-        digest.update(torch.tensor(seq, dtype=torch.int64, device="cpu").numpy().tobytes())
+        digest.update(_tokens(seq))
         digest.update(b"|")
-    named = [fingerprint, str(dtype), list(layers)] + ([str(stored)] if stored not in (None, dtype) else [])
-    digest.update(json.dumps(named).encode())
+    digest.update(json.dumps(_setting(fingerprint, dtype, layers, stored)).encode())
     return digest.hexdigest()[:16]
+
+
+def cache_setting(fingerprint: str, dtype: torch.dtype, layers: list[int], stored: torch.dtype | None = None) -> str:
+    """What a cache's rows depend on besides their tokens (the arguments of :func:`cache_key` but the sequences):
+    caches of one setting hold the same row for the same sequence, so a build copies the rows another one holds."""
+    return hashlib.sha256(json.dumps(_setting(fingerprint, dtype, layers, stored)).encode()).hexdigest()[:16]
+
+
+def _setting(fingerprint: str, dtype: torch.dtype, layers: list[int], stored: torch.dtype | None) -> list:
+    return [fingerprint, str(dtype), list(layers)] + ([str(stored)] if stored not in (None, dtype) else [])
+
+
+def _tokens(seq: list[int]) -> bytes:
+    return torch.tensor(seq, dtype=torch.int64, device="cpu").numpy().tobytes()
+
+
+def sequence_digest(seq: list[int]) -> str:
+    """One sequence's name in a cache's index (how another build of the same setting finds its row)."""
+    return hashlib.sha256(_tokens(seq)).hexdigest()[:16]
 
 
 def stored_dtype(setting: str, verifier_dtype: torch.dtype) -> torch.dtype:
@@ -68,13 +89,16 @@ def stored_dtype(setting: str, verifier_dtype: torch.dtype) -> torch.dtype:
 def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], key: str,
                 batch_tokens: int = 16384, progress: bool = True,
                 known: Callable[[], dict[int, torch.Tensor]] | None = None, checkpoint_s: float = 30.0,
-                dtype: torch.dtype | None = None) -> Path:
+                dtype: torch.dtype | None = None, setting: str | None = None) -> Path:
     """Write the features of every sequence under the cache's ``key`` (nothing to do when it is there already),
     stored in ``dtype`` (None: the verifier's); the verifier runs batches of about ``batch_tokens`` padded tokens,
     sorted by length, and stops after the deepest layer read. ``known()``, called only when the cache is built,
     gives features already computed by another pass of the same verifier (the labelled text's, ``align.labels``),
-    per sequence index, at least as long as the sequence: those are copied, not run again. Every ``checkpoint_s``
-    seconds the file is flushed and the sequences it holds recorded, so that a build cut short resumes where it was."""
+    per sequence index, at least as long as the sequence: those are copied, not run again. With ``setting``
+    (:func:`cache_setting`), the index records it and every sequence's digest, and the rows of sequences that
+    another built cache of the same setting holds are copied from it (a larger text set after a smaller one runs the
+    verifier over the new rows only). Every ``checkpoint_s`` seconds the file is flushed and the sequences it holds
+    recorded, so that a build cut short resumes where it was."""
     folder = cache_dir() / "features" / key
     with exclusive(folder.parent, key, f"the feature cache {folder}"):
         if (folder / INDEX).is_file():
@@ -92,7 +116,9 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
         data = torch.from_file(str(partial), shared=True, size=offsets[-1] * width, dtype=dtype).view(-1, width)
         bar = tqdm(total=offsets[-1], initial=sum(len(sequences[i]) for i in done), desc="features", unit="tok",
                    disable=not progress, dynamic_ncols=True)
-        for i, features in (known() if known else {}).items():
+        digests = [sequence_digest(seq) for seq in sequences] if setting else []
+        copied = (known() if known else {}).items(), _shared(folder, setting, digests, dtype, width, done)
+        for i, features in itertools.chain(*copied):
             if i not in done and features.shape[0] >= len(sequences[i]) and features.shape[1] == width:
                 data[offsets[i]:offsets[i + 1]] = features[:len(sequences[i])].to(dtype)
                 done.add(i)
@@ -120,9 +146,37 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
         del data
         os.replace(partial, folder / DATA)
         index = {"offsets": offsets, "width": width, "dtype": str(dtype).removeprefix("torch."), "layers": list(layers)}
+        if setting:
+            index.update(setting=setting, digests=digests)
         write_text(folder / INDEX, json.dumps(index))
         (folder / DONE).unlink(missing_ok=True)
     return folder
+
+
+def _shared(folder: Path, setting: str | None, digests: list[str], dtype: torch.dtype, width: int,
+            done: set[int]) -> Iterator[tuple[int, torch.Tensor]]:
+    """(index, rows) for each sequence not ``done`` that another built cache of ``setting`` in ``folder``'s parent
+    holds, stored in the same dtype and width: its rows read from that cache's file, which stays as it is."""
+    if not setting:
+        return
+    wanted: dict[str, list[int]] = {}
+    for i, d in enumerate(digests):
+        if i not in done:
+            wanted.setdefault(d, []).append(i)
+    for index_file in sorted(folder.parent.glob(f"*/{INDEX}")):
+        if index_file.parent == folder or not wanted:
+            continue
+        try:
+            index = json.loads(index_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if (index.get("setting") != setting or index.get("width") != width
+                or index.get("dtype") != str(dtype).removeprefix("torch.")):
+            continue
+        donor = FeatureCache(index_file.parent.name)
+        for j, d in enumerate(index["digests"]):
+            for i in wanted.pop(d, []):
+                yield i, donor.data[donor.offsets[j]:donor.offsets[j + 1]]
 
 
 def _written(folder: Path, size: int) -> set[int]:

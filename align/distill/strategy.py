@@ -267,7 +267,7 @@ class FeatureStrategy(Strategy):
         """The drafter's own config names its mask token and the verifier layers it reads (refused where the verifier
         has no such layer); the run records the verifier's fingerprint (the export refuses any other verifier); with
         ``data.feature_cache``, every rollout's features are computed once (the lead process) and mapped."""
-        from align.dflash.cache import FeatureCache, build_cache, cache_key, stored_dtype
+        from align.dflash.cache import FeatureCache, build_cache, cache_key, cache_setting, stored_dtype
         from align.distill.distributed import barrier
         from align.drafters.dflash import verifier_fingerprint
         from align.features import check_layers
@@ -284,10 +284,12 @@ class FeatureStrategy(Strategy):
             sequences = [r["prompt_ids"] + r["response_ids"] for r in rows]
             dtype = next(verifier.parameters()).dtype
             stored = stored_dtype(recipe.data.feature_dtype, dtype)
-            key = cache_key(fingerprint["verifier_fingerprint"], dtype, layers, sequences, stored)
-            if lead:  # labelled text's features come from its labelling pass where it kept them
+            named = fingerprint["verifier_fingerprint"], dtype, layers
+            key = cache_key(*named, sequences, stored)
+            if lead:  # labelled text's features come from its labelling pass where it kept them, shared rows from
+                # other caches of this verifier, layers and storage
                 build_cache(verifier, layers, sequences, key, known=lambda: labelled_features(recipe, layers, rows),
-                            dtype=stored)
+                            dtype=stored, setting=cache_setting(*named, stored))
             barrier()
             feature_cache = FeatureCache(key)
         return {"mask_id": mask_id, "fingerprint": fingerprint, "feature_cache": feature_cache}
