@@ -239,7 +239,8 @@ def test_a_feature_cache_copies_the_rows_another_cache_of_its_setting_holds(tmp_
     verifier, _ = pair(0)
     rng = random.Random(0)
     seqs = [[rng.randrange(4, 64) for _ in range(rng.randrange(3, 12))] for _ in range(24)]
-    build_cache(verifier, [0, 1], seqs, "whole", batch_tokens=24, progress=False)
+    build_cache(verifier, [0, 1], seqs, "whole", batch_tokens=24, progress=False)  # their indexes name no rows...
+    build_cache(verifier, [0, 1], [[60, 61, 62, 63]], "legacy", batch_tokens=24, progress=False)
     whole = FeatureCache("whole")
     ran, real = [], FeatureTap.run
 
@@ -255,7 +256,12 @@ def test_a_feature_cache_copies_the_rows_another_cache_of_its_setting_holds(tmp_
     ran.clear()
     grown = seqs[5:] + [seqs[0], seqs[0]]
     build_cache(verifier, [0, 1], grown, "grown", batch_tokens=24, progress=False, setting=mine)
-    assert sorted(ran) == sorted(seqs[10:])  # the new ones, the other setting's included, each once
+    assert sorted(ran) == sorted(seqs[10:])  # the new ones, the other setting's and the unnamed's included, once
+    build_cache(verifier, [0, 1], [[60, 61, 62, 63]], "legacy", batch_tokens=24, progress=False, setting=mine)
+    ran.clear()  # ...until a build of the setting opens them
+    build_cache(verifier, [0, 1], [[5, 6, 7], [60, 61, 62, 63]], "later", batch_tokens=24, progress=False,
+                setting=mine)
+    assert ran == [[5, 6, 7]]
     got, first = FeatureCache("grown"), FeatureCache("first")
     for r, i in enumerate([*range(5, 24), 0, 0]):  # the shared rows copied bit for bit, the others computed
         row = got.data[got.offsets[r]:got.offsets[r + 1]]

@@ -97,11 +97,14 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
     per sequence index, at least as long as the sequence: those are copied, not run again. With ``setting``
     (:func:`cache_setting`), the index records it and every sequence's digest, and the rows of sequences that
     another built cache of the same setting holds are copied from it (a larger text set after a smaller one runs the
-    verifier over the new rows only). Every ``checkpoint_s`` seconds the file is flushed and the sequences it holds
-    recorded, so that a build cut short resumes where it was."""
+    verifier over the new rows only); a cache built before indexes named their rows gains the names when a build of
+    its setting opens it. Every ``checkpoint_s`` seconds the file is flushed and the sequences it holds recorded, so
+    that a build cut short resumes where it was."""
     folder = cache_dir() / "features" / key
     with exclusive(folder.parent, key, f"the feature cache {folder}"):
         if (folder / INDEX).is_file():
+            if setting:
+                _name_rows(folder, setting, sequences)
             return folder
         folder.mkdir(parents=True, exist_ok=True)
         device = next(verifier.parameters()).device
@@ -151,6 +154,16 @@ def build_cache(verifier: Any, layers: list[int], sequences: list[list[int]], ke
         write_text(folder / INDEX, json.dumps(index))
         (folder / DONE).unlink(missing_ok=True)
     return folder
+
+
+def _name_rows(folder: Path, setting: str, sequences: list[list[int]]) -> None:
+    """A cache whose index does not name its rows (built before indexes did) gains their names when a run opens it
+    again, its sequences being that run's: from then on it gives its rows to other builds of its setting."""
+    index = json.loads((folder / INDEX).read_text())
+    lengths = [hi - lo for lo, hi in zip(index["offsets"], index["offsets"][1:])]
+    if "digests" not in index and lengths == [len(seq) for seq in sequences]:
+        index.update(setting=setting, digests=[sequence_digest(seq) for seq in sequences])
+        write_text(folder / INDEX, json.dumps(index))
 
 
 def _shared(folder: Path, setting: str | None, digests: list[str], dtype: torch.dtype, width: int,
