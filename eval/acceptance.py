@@ -126,9 +126,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval)")
     p.add_argument("--save-outputs", action="store_true", help="write outputs.jsonl with every output's token ids")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16", "auto"),
-                   help="weights of both models (default: the exported drafter's recipe's verifier.dtype, else "
-                        "float32; auto: bfloat16 where the device computes in it natively, else float32, and the "
-                        "report names the one used; in bfloat16 the lossless check tells near-ties from mismatches)")
+                   help="weights of both models (default: the exported drafter's recipe's verifier.dtype, "
+                        "PATH's for --ckpt ngram...+PATH, else float32; auto: bfloat16 where the device computes in "
+                        "it natively, else float32, and the report names the one used; in bfloat16 the lossless check "
+                        "tells near-ties from mismatches)")
     p.add_argument("--drafter-dtype", default=None, choices=DRAFTER_DTYPES,
                    help="the drafters' weights, where they should differ from --dtype's (e.g. a bfloat16 verifier, "
                         "whose passes over several positions cost little more than one on a CPU with AMX, beside an "
@@ -214,6 +215,18 @@ def check_args(args: argparse.Namespace) -> None:
                          "PATH)")
 
 
+def exported_defaults(args: argparse.Namespace, folder: str) -> SelectionConfig:
+    """An exported drafter's recipe (``recipe.yaml`` in its folder), where it has one, fills what the flags left
+    unset: ``--dtype`` (its ``verifier.dtype``: ``auto`` is bfloat16 where the CPU computes in it natively) and
+    ``--trust-remote-code`` (its own modelling code); returned: its self-selection defaults, else the default ones."""
+    if not (Path(folder) / "recipe.yaml").is_file():
+        return SelectionConfig()
+    recipe = build_recipe(yaml.safe_load((Path(folder) / "recipe.yaml").read_text()))
+    args.dtype = args.dtype or recipe.verifier.dtype
+    args.trust_remote_code = args.trust_remote_code or recipe.drafter.trust_remote_code
+    return recipe.selection
+
+
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]:
     """(aligned drafter, baseline drafter or None, verifier, family) from the flags and the checkpoint's meta.json.
     Every model path is checked (``align.zoo.check_model``) before any is built or loaded; then the zoo models they
@@ -247,14 +260,9 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, str, str]
     for path in (verifier, baseline, args.assistant, *(model_path(path) for _, path in args.drafter)):
         if path is not None:
             resolve(path)  # and so are the other zoo models named (loading finds them by name)
-    selection = SelectionConfig()
-    dtype = "float32"
-    if (Path(ckpt) / "recipe.yaml").is_file():  # an exported drafter: its recipe's self-selection defaults, and
-        recipe = build_recipe(yaml.safe_load((Path(ckpt) / "recipe.yaml").read_text()))
-        selection, dtype = recipe.selection, recipe.verifier.dtype
-        args.trust_remote_code = args.trust_remote_code or recipe.drafter.trust_remote_code  # its own modelling code
+    selection = exported_defaults(args, ckpt)
     family = family or infer_family(ckpt, args.trust_remote_code)
-    args.dtype = args.dtype or dtype
+    args.dtype = args.dtype or "float32"
     args.k = args.k or [selection.k]
     args.drafter_temperature = args.drafter_temperature or [selection.drafter_temperature]
     args.scorer = args.scorer or [selection.scorer]
@@ -289,9 +297,11 @@ def resolve_lookup(args: argparse.Namespace) -> tuple[str, None, str, str]:
                              *((model_path(path), f"drafter '{label}'", None) for label, path in args.drafter)):
         if path is not None:
             check_model(path, role, kind)
-    for path in (model, verifier, args.assistant, *(model_path(path) for _, path in args.drafter)):
+    for path in (verifier, args.assistant, *(model_path(path) for _, path in args.drafter)):
         if path is not None:
             resolve(path)  # zoo models are built now, if they have to be
+    if model is not None:  # the drafter PATH falls back on or mixes into: its recipe's verifier dtype
+        exported_defaults(args, resolve(model))
     args.dtype = args.dtype or "float32"
     args.k = args.k or [1]
     args.drafter_temperature = args.drafter_temperature or [SelectionConfig().drafter_temperature]

@@ -300,6 +300,29 @@ def test_ckpt_takes_every_drafter_the_drafter_flag_takes(exported, world_prompts
         evaluate(["--ckpt", "ngram:x", "--verifier", verifier, "--prompts", str(world_prompts)])
 
 
+def test_an_exported_drafters_recipe_sets_the_verifier_dtype_through_a_lookup_spec(exported, world_prompts,
+                                                                                     tmp_path):
+    """The export's ``recipe.yaml`` names the verifier's dtype (``verifier.dtype``); ``--ckpt ngram:3@0.7+PATH`` takes
+    PATH's as ``--ckpt PATH`` does (the headline's command ran its verifier in float32 where the recipe said
+    bfloat16), and ``--dtype`` still wins."""
+    from eval.acceptance import parse_args, resolve_models
+
+    folder = tmp_path / "final"
+    shutil.copytree(exported, folder)
+    (folder / "recipe.yaml").write_text(f"verifier:\n  path: {exported}\n  dtype: bfloat16\n")
+    for ckpt in (str(folder), f"ngram:3@0.7+{folder}", f"ngram:2+{folder}"):
+        args = parse_args(["--ckpt", ckpt, "--prompts", str(world_prompts), "--baseline", "none"])
+        resolve_models(args)
+        assert args.dtype == "bfloat16", ckpt
+        args = parse_args(["--ckpt", ckpt, "--prompts", str(world_prompts), "--baseline", "none", "--dtype",
+                           "float32"])
+        resolve_models(args)
+        assert args.dtype == "float32", ckpt
+    args = parse_args(["--ckpt", f"ngram:3+{exported}", "--prompts", str(world_prompts)])  # no recipe: float32
+    resolve_models(args)
+    assert args.dtype == "float32"
+
+
 def test_token_trees_run_in_the_same_loop_and_sweep_with_the_rest(exported, world_prompts, tmp_path):
     """``--tree none,4x2,12x4,12x4/auto``: each shape is a setting of its own beside one draft per block, lossless,
     with its candidates per block reported (a sized tree at most its NODES); a malformed shape is one line before
