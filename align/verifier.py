@@ -36,22 +36,84 @@ GQA_SDPA = "align_sdpa"  # the verifier's attention where transformers' would be
 def gqa_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
              is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention, except on the CPU for a pass over several positions under a mask — every block
-    the verifier scores: there each key/value head serves its group of query heads in place (``enable_gqa``), where
-    transformers first copies the keys and values once per group (``repeat_kv``: it reads heads in place only without
-    a mask or for one position, since masked grouped-query attention falls back to the math kernel on CUDA). The
-    same attention, bit for bit: a SmolLM2 pass over 12 positions after 300 costs 47.4 ms against 50.4
-    (docs/results.md)."""
+    """transformers' sdpa attention, except on the CPU with grouped-query heads:
+
+    - inside the verifier's own passes in bfloat16 or float16 (:func:`folds`): :func:`folded_sdpa`, each key/value
+      head's group of query heads folded into the rows of one head. PyTorch's CPU kernel runs a one-position pass in
+      bfloat16 at a fraction of its speed: SmolLM2's attention, 9 query heads over 1,000 keys, 553 µs a layer
+      against 98 folded, so that a plain step after a long prompt cost more than a pass over 2 positions
+      (docs/results.md);
+    - for a pass over several positions under a mask (float32 too): each key/value head serves its group of query
+      heads in place (``enable_gqa``), where transformers first copies the keys and values once per group
+      (``repeat_kv``: it reads heads in place only without a mask or for one position, since masked grouped-query
+      attention falls back to the math kernel on CUDA). The same attention, bit for bit: a SmolLM2 pass over 12
+      positions after 300 costs 47.4 ms against 50.4 (docs/results.md)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    if (query.device.type != "cpu" or groups == 1 or query.shape[2] == 1 or attention_mask is None
+    if (query.device.type != "cpu" or groups == 1
             or any(kwargs.get(name) is not None for name in ("position_bias", "softcap"))):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    if folds(query, key, attention_mask):
+        return folded_sdpa(query, key, value, attention_mask, dropout, scaling), None
+    if query.shape[2] == 1 or attention_mask is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                            dropout_p=dropout, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+#: the verifier's passes over several positions fold grouped query heads into rows (:func:`folds`) after at least
+#: this many keys, and over at most FOLD_ROWS positions (SmolLM2 in bfloat16 on an AVX-512 CPU, passes over 2 to 16
+#: positions: 1–4% dearer folded after 300–450 keys, even after 700–830, 2–8% cheaper after 1,000–1,600)
+FOLD_KEYS = 1024
+FOLD_ROWS = 32
+_FOLD = ContextVar("align_fold_heads", default=False)  # set inside the verifier's own passes only
+
+
+def folds(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether :func:`gqa_sdpa` folds this attention: inside the verifier's own passes, in bfloat16 or float16
+    (float32's one-position kernel is fast, and its passes stay transformers' bit for bit), over one position, or
+    over 2 to FOLD_ROWS under a mask shared by the heads after FOLD_KEYS keys or more."""
+    if not _FOLD.get() or query.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if mask is not None and (mask.dim() != 4 or mask.shape[1] != 1):
+        return False
+    positions = query.shape[2]
+    return positions == 1 or (mask is not None and positions <= FOLD_ROWS and key.shape[2] >= FOLD_KEYS)
+
+
+_LAST_FOLD: list = []  # (mask, groups, its folded form): a pass hands every layer the same mask
+
+
+def _folded_mask(mask: torch.Tensor, b: int, groups: int, s: int) -> torch.Tensor:
+    """``mask`` (B, 1, S, T) with each row repeated for the ``groups`` query heads of a key/value head: (B, 1, G·S,
+    T), group-major (:func:`folded_sdpa`'s rows); made once per pass, not once per layer."""
+    if _LAST_FOLD and _LAST_FOLD[0] is mask and _LAST_FOLD[1] == groups:
+        return _LAST_FOLD[2]
+    folded = mask.expand(b, 1, s, mask.shape[-1]).unsqueeze(2).expand(b, 1, groups, s, mask.shape[-1])
+    folded = folded.reshape(b, 1, groups * s, -1)
+    _LAST_FOLD[:] = [mask, groups, folded]
+    return folded
+
+
+def folded_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                dropout: float = 0.0, scaling: float | None = None) -> torch.Tensor:
+    """Grouped-query attention as plain attention over ``key``/``value``'s own heads: query (B, H, S, D) with H = G
+    × the H_kv key/value heads (head h reads key/value head h // G, as ``repeat_kv`` lays them), run as (B, H_kv,
+    G·S, D) — each group's query heads stacked as rows, which see the same keys and values — the mask (B, 1, S, T)
+    repeated for each group's rows (no mask: every row sees every key, as a one-position step's does). Returns (B,
+    S, H, D), transformers' attention output layout."""
+    b, heads, s, d = query.shape
+    kv = key.shape[1]
+    rows = query.reshape(b, kv, heads // kv * s, d)
+    if mask is not None:
+        mask = _folded_mask(mask, b, heads // kv, s)
+    out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask, dropout_p=dropout,
+                                                           scale=scaling)
+    return out.reshape(b, heads, s, d).transpose(1, 2).contiguous()
 
 
 def use_gqa_sdpa(model: Any) -> None:
@@ -117,13 +179,16 @@ def use_skinny_linears(model: Any) -> bool:
 
 
 @contextmanager
-def skinny_passes(on: bool):
-    """Within: the passes of a model given :func:`use_skinny_linears` take the skinny product (``on``) or not."""
-    token = _SKINNY.set(on)
+def own_passes(skinny: bool, fold: bool):
+    """Within: the verifier's own passes — those of a model given :func:`use_skinny_linears` take the skinny
+    product (``skinny``) or not, those of a model given :func:`use_gqa_sdpa` fold grouped query heads (``fold``) or
+    not; outside (``generate``, a direct call) the model is transformers' own."""
+    tokens = _SKINNY.set(skinny), _FOLD.set(fold)
     try:
         yield
     finally:
-        _SKINNY.reset(token)
+        _SKINNY.reset(tokens[0])
+        _FOLD.reset(tokens[1])
 
 
 def context_length(config: Any) -> int | None:
@@ -145,6 +210,8 @@ class Verifier:
         # the skinny product for passes over a few positions on the CPU in float32 (lean only: ALIGN_LEAN=0 keeps
         # transformers' own layers; bench/verify_cost.py --linear compares them)
         self.skinny = self.lean and use_skinny_linears(model)
+        # grouped query heads folded into rows in its bfloat16/float16 passes on the CPU (gqa_sdpa; lean only)
+        self.fold = self.lean
         self._cache_name = cache_keyword(model)
         self._keep = "logits_to_keep" in forward_accepts(model)
         self.max_length = context_length(model.config)
@@ -313,7 +380,7 @@ class Verifier:
                 kwargs["logits_to_keep"] = keep
         else:
             kwargs["past_key_values"] = self.cache
-        with skinny_passes(self.skinny):
+        with own_passes(self.skinny, self.fold):
             return self.model(input_ids=ids, use_cache=True, **kwargs).logits[:, -keep:]
 
     def _tree(self, n: int, k: int, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,8 +29,9 @@ def main() -> None:
     p.add_argument("--verifier", default="zoo:smollm2-135m-instruct")
     p.add_argument("--dtype", default="float32,bfloat16", help="weight dtypes (comma list)")
     p.add_argument("--attention", default="align", help="the verifier's attention (comma list): align (its own: "
-                   "grouped heads read in place on the CPU, align.verifier.gqa_sdpa) or transformers (the model's "
-                   "sdpa as transformers runs it)")
+                   "grouped heads read in place on the CPU, folded into rows in bfloat16, align.verifier.gqa_sdpa), "
+                   "unfolded (align's without the folding) or transformers (the model's sdpa as transformers runs "
+                   "it)")
     p.add_argument("--linear", default="align", help="the verifier's linear layers (comma list): align (a pass over "
                    "a few positions in float32 on the CPU as W x^T, align.verifier.skinny_linear) or transformers "
                    "(nn.Linear's x W^T)")
@@ -51,11 +52,13 @@ def main() -> None:
         positions = [int(q) for q in args.positions.split(",")]
         attentions, linears = args.attention.split(","), args.linear.split(",")
         if (min(positions) < 1 or args.reps <= 2 * args.trim
-                or not set(attentions) | set(linears) <= {"align", "transformers"}):
+                or not set(attentions) <= {"align", "unfolded", "transformers"}
+                or not set(linears) <= {"align", "transformers"}):
             raise ValueError
     except ValueError:
         raise SystemExit("error: --positions takes whole numbers of at least 1 (e.g. 1,4,16), --reps must exceed "
-                         "twice --trim, and --attention and --linear name align or transformers") from None
+                         "twice --trim, --attention names align, unfolded or transformers and --linear align or "
+                         "transformers") from None
     dtypes = args.dtype.split(",")
     # each setting, (dtype, attention, linear), by its label: the dtype, with the attention and the linear layers
     # where more than one of them is compared
@@ -85,6 +88,8 @@ def main() -> None:
     for label, (_, attention, linear) in settings.items():
         if attention == "transformers" and verifiers[label].model.config._attn_implementation == GQA_SDPA:
             verifiers[label].model.set_attn_implementation("sdpa")  # back to transformers' own
+        if attention == "unfolded":
+            verifiers[label].fold = False  # grouped heads read in place, never folded into rows
         if linear == "transformers":
             verifiers[label].skinny = False  # nn.Linear's own product in every pass
     vocab = min(v.model.config.get_text_config().vocab_size for v in verifiers.values())

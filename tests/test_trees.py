@@ -166,8 +166,9 @@ def test_greedy_trees_with_the_feature_conditioned_and_lookup_drafters():
                     assert all(b.gamma for b in out.stats.blocks[1:-2]), [b.gamma for b in out.stats.blocks]
 
 
-def gqa_verifier(seed: int = 0):
-    """A tiny Llama whose 4 query heads share 2 key/value heads (grouped-query attention, as SmolLM2's 9 share 3)."""
+def gqa_verifier(seed: int = 0, spread: float = 0.02):
+    """A tiny Llama whose 4 query heads share 2 key/value heads (grouped-query attention, as SmolLM2's 9 share 3);
+    ``spread``: its weights' standard deviation (wider: sharper attention, heads that differ more)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from align.zoo.models import BOS, EOS, PAD
@@ -175,7 +176,7 @@ def gqa_verifier(seed: int = 0):
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+                         pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, initializer_range=spread)
     return LlamaForCausalLM(config).double().eval()
 
 
@@ -212,6 +213,68 @@ def test_the_tree_pass_is_what_sequential_passes_give(grouped, monkeypatch):
         alone = model(input_ids=torch.tensor([prompt + [tokens[i] for i in path] + [11, 12, 13]])).logits[0, -3:]
     assert torch.allclose(after[0], alone.float(), atol=1e-6)
     assert any(in_place) == grouped and model.config._attn_implementation == GQA_SDPA
+
+
+@pytest.mark.parametrize("positions", (1, 5))
+def test_folded_attention_is_grouped_query_attention(positions):
+    """align.verifier.folded_sdpa (each key/value head's query heads stacked as the rows of one head, the mask
+    repeated for each group's rows) gives what transformers' grouped-query attention gives (every key/value head
+    copied once per query head of its group, repeat_kv): one position without a mask, several under a tree mask."""
+    from align.verifier import folded_sdpa
+
+    g = torch.Generator().manual_seed(positions)
+    heads, kv, keys, d = 6, 2, 40, 8
+    q = torch.randn(1, heads, positions, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, kv, keys, d, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = None
+    if positions > 1:
+        allowed = torch.rand(positions, keys, generator=g) > 0.4
+        allowed[:, 0] = True
+        mask = torch.zeros(1, 1, positions, keys, dtype=torch.float64).masked_fill(~allowed, torch.finfo(
+            torch.float64).min)
+    repeat = heads // kv
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1), attn_mask=mask, scale=0.3).transpose(1, 2)
+    assert torch.allclose(folded_sdpa(q, k, v, mask, scaling=0.3), expected, atol=1e-12)
+
+
+def test_a_bfloat16_verifier_folds_its_grouped_heads_in_its_own_passes_only(monkeypatch):
+    """In bfloat16 the verifier's one-position steps, and its passes over a tree after FOLD_KEYS keys, fold grouped
+    query heads into rows (align.verifier.folded_sdpa: PyTorch's one-position bfloat16 kernel is slow on the CPU):
+    the logits of the unfolded passes to bfloat16 rounding, row by row; transformers' generate on the same model,
+    outside the verifier's passes, never folds."""
+    import align.verifier as verifier_module
+
+    monkeypatch.setattr(verifier_module, "FOLD_KEYS", 16)
+    real, folded_rows = verifier_module.folded_sdpa, []
+
+    def counted(query, *args, **kwargs):
+        folded_rows.append(query.shape[2])
+        return real(query, *args, **kwargs)
+
+    monkeypatch.setattr(verifier_module, "folded_sdpa", counted)
+    model = gqa_verifier(0, spread=0.3).to(torch.bfloat16)
+    folded, plain = Verifier(model), Verifier(model)
+    plain.fold = False
+    prompt = list(range(5, 19))
+    marginals = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(2)).log_softmax(-1)
+    tree = tree_from_marginals(marginals, TreeShape(6, 4, 3))
+    rows = {}
+    for name, verifier in (("folded", folded), ("plain", plain)):
+        verifier.start(prompt)
+        first = verifier.score_tree(tree)  # the prompt and the tree: 20 positions over 20 keys
+        verifier.commit_tree(tree.path(0), 7)
+        step = verifier.score(torch.zeros((1, 0), dtype=torch.long))  # one position
+        rows[name] = torch.cat([first, step[0]])
+        if name == "folded":
+            assert folded_rows == [len(prompt) + len(tree)] * 2 + [1] * 2  # 2 layers a pass
+            folded_rows.clear()
+    assert folded_rows == []  # fold False: never
+    scale = rows["plain"].abs().max()
+    gap = (rows["folded"] - rows["plain"]).abs().max()
+    assert gap <= 0.02 * scale, gap  # a head read against another's keys: about 1.0 × the scale
+    ar_generate(model, prompt, 4)
+    assert folded_rows == []
 
 
 def test_the_skinny_product_scores_as_nn_linear_inside_the_verifiers_passes_only(monkeypatch):
