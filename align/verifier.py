@@ -309,11 +309,14 @@ class Verifier:
                 self._rows = (self.cached, self.tap.take())
             return logits.float()
 
-    def tree_cost(self, nodes: int, reps: int = 5) -> CostCurve:
+    def tree_cost(self, nodes: int, rounds: int = 9) -> CostCurve:
         """What a pass over a token tree of 0..``nodes`` nodes costs here (:class:`align.trees.CostCurve`): timed at
-        a few sizes (the fastest of ``reps`` passes, after a warm-up) from the current state, which is left as it
-        was; measured once per verifier and size, after the prompt's pass (the sizes cost what they cost at a
-        decoding step, not at a prefill)."""
+        a few sizes from the current state, which is left as it was — ``rounds`` rounds after a warm-up, each round
+        one pass at every size, the fastest pass of each size kept. Round by round, so that a machine whose speed
+        drifts over the seconds the probe takes moves every size alike: timed size after size (five passes each),
+        the curve's slope read up to twice what decoding meets, and the sizer kept too few nodes (docs/results.md).
+        Measured once per verifier and size, after the prompt's pass (the sizes cost what they cost at a decoding
+        step, not at a prefill)."""
         if not self.cached:
             raise AlignError("a tree's cost is measured at a decoding step: score the prompt first")
         key = (nodes, len(self.pending))
@@ -323,19 +326,20 @@ class Verifier:
         # (skinny_linear pads to them), and between two such sizes it is flat or straight
         steps = {(1 << k) - len(self.pending) + extra for k in range(1, nodes.bit_length() + 2) for extra in (0, 1)}
         sizes = sorted({0, 1, nodes} | {n for n in steps if 0 < n < nodes})
-        token, seconds = self.pending[-1], []
-        for n in [nodes] + sizes:  # the first: a warm-up
-            star = Tree(torch.full((n,), token, device=self.device), torch.full((n,), -1, device=self.device),
-                        torch.ones(n, dtype=torch.long, device=self.device))  # a bush, as a tree's mask makes it
-            best = math.inf
-            for _ in range(reps):
+        token = self.pending[-1]
+        stars = {n: Tree(torch.full((n,), token, device=self.device), torch.full((n,), -1, device=self.device),
+                         torch.ones(n, dtype=torch.long, device=self.device))  # a bush, as a tree's mask makes it
+                 for n in sizes}
+        best = {n: math.inf for n in sizes}
+        for round_ in range(rounds + 1):  # the first: a warm-up
+            for n in (sizes if round_ % 2 else sizes[::-1]):
                 t0 = now(self.device)
-                self.score_tree(star)
-                best = min(best, now(self.device) - t0)
+                self.score_tree(stars[n])
+                if round_:
+                    best[n] = min(best[n], now(self.device) - t0)
                 self.cache.crop(-(len(self.pending) + n))
-            seconds.append(best)
         self._last = self._rows = None
-        self._costs[key] = CostCurve(sizes, seconds[1:])
+        self._costs[key] = CostCurve(sizes, [best[n] for n in sizes])
         return self._costs[key]
 
     def _tree_mask(self, n: int, tree: Any) -> dict[str, torch.Tensor]:

@@ -458,6 +458,21 @@ def test_a_sizer_that_stopped_scoring_still_learns_from_plain_steps():
     assert sizer.accepted == 3 and sizer.predicted == pytest.approx(2 * (1.776 - 1) + 1)
 
 
+def test_the_cost_probe_times_every_size_in_each_round(monkeypatch):
+    """tree_cost times the sizes round by round (a warm-up round, then each round one pass at every size), so that
+    a machine whose speed drifts over the probe moves every size alike; one size timed after another read a slope
+    up to twice decoding's."""
+    verifier = Verifier(tiny_verifier(1))
+    verifier.start([5, 6, 7])
+    verifier.commit(0, 0, int(verifier.score(torch.zeros((1, 0), dtype=torch.long))[0, -1].argmax()))
+    score_tree, sizes = verifier.score_tree, []
+    monkeypatch.setattr(verifier, "score_tree", lambda tree: sizes.append(len(tree)) or score_tree(tree))
+    cost = verifier.tree_cost(8, rounds=3)
+    per_round = len(cost.nodes)
+    assert len(sizes) == 4 * per_round
+    assert all(sorted(sizes[i:i + per_round]) == cost.nodes for i in range(0, len(sizes), per_round))
+
+
 def test_the_cost_probe_leaves_the_verifier_as_it_was():
     """tree_cost times passes of 0..N nodes from the decoding state and crops them away: the generation that measured
     it is the verifier's own, and a sized tree's decoder learns its calibration and rate from the blocks it sees."""
