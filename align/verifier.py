@@ -71,6 +71,7 @@ def gqa_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.T
 FOLD_KEYS = 1024
 FOLD_ROWS = 32
 _FOLD = ContextVar("align_fold_heads", default=False)  # set inside the verifier's own passes only
+_FOLDED_MASK = ContextVar("align_folded_mask", default=None)  # one pass's (mask, groups, folded mask)
 
 
 def folds(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -85,20 +86,6 @@ def folds(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> 
     return positions == 1 or (mask is not None and positions <= FOLD_ROWS and key.shape[2] >= FOLD_KEYS)
 
 
-_LAST_FOLD: list = []  # (mask, groups, its folded form): a pass hands every layer the same mask
-
-
-def _folded_mask(mask: torch.Tensor, b: int, groups: int, s: int) -> torch.Tensor:
-    """``mask`` (B, 1, S, T) with each row repeated for the ``groups`` query heads of a key/value head: (B, 1, G·S,
-    T), group-major (:func:`folded_sdpa`'s rows); made once per pass, not once per layer."""
-    if _LAST_FOLD and _LAST_FOLD[0] is mask and _LAST_FOLD[1] == groups:
-        return _LAST_FOLD[2]
-    folded = mask.expand(b, 1, s, mask.shape[-1]).unsqueeze(2).expand(b, 1, groups, s, mask.shape[-1])
-    folded = folded.reshape(b, 1, groups * s, -1)
-    _LAST_FOLD[:] = [mask, groups, folded]
-    return folded
-
-
 def folded_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                 dropout: float = 0.0, scaling: float | None = None) -> torch.Tensor:
     """Grouped-query attention as plain attention over ``key``/``value``'s own heads: query (B, H, S, D) with H = G
@@ -109,8 +96,16 @@ def folded_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     b, heads, s, d = query.shape
     kv = key.shape[1]
     rows = query.reshape(b, kv, heads // kv * s, d)
-    if mask is not None:
-        mask = _folded_mask(mask, b, heads // kv, s)
+    if mask is not None:  # each row once per query head of its group, group-major as the rows
+        made = _FOLDED_MASK.get()  # every layer of a pass is handed the same mask: folded once per pass
+        if made and made[0] is mask and made[1] == heads // kv:
+            mask = made[2]
+        else:
+            folded = mask.expand(b, 1, s, mask.shape[-1]).unsqueeze(2).expand(b, 1, heads // kv, s, mask.shape[-1])
+            folded = folded.reshape(b, 1, heads // kv * s, -1)
+            if made is not None:
+                made[:] = [mask, heads // kv, folded]
+            mask = folded
     out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask, dropout_p=dropout,
                                                            scale=scaling)
     return out.reshape(b, heads, s, d).transpose(1, 2).contiguous()
@@ -183,12 +178,12 @@ def own_passes(skinny: bool, fold: bool):
     """Within: the verifier's own passes — those of a model given :func:`use_skinny_linears` take the skinny
     product (``skinny``) or not, those of a model given :func:`use_gqa_sdpa` fold grouped query heads (``fold``) or
     not; outside (``generate``, a direct call) the model is transformers' own."""
-    tokens = _SKINNY.set(skinny), _FOLD.set(fold)
+    tokens = _SKINNY.set(skinny), _FOLD.set(fold), _FOLDED_MASK.set([])
     try:
         yield
     finally:
-        _SKINNY.reset(tokens[0])
-        _FOLD.reset(tokens[1])
+        for var, token in zip((_SKINNY, _FOLD, _FOLDED_MASK), tokens):
+            var.reset(token)
 
 
 def context_length(config: Any) -> int | None:
