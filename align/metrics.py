@@ -54,6 +54,8 @@ class Block:
     verifier_s: float = 0.0
     total_s: float = 0.0
     nodes: int | None = None  # a token tree's candidates scored (None: one draft of ``gamma`` tokens, or K of them)
+    context: int | None = None  # the tokens before the block (prompt and output so far): what its attention reads
+    matched: int | None = None  # a lookup drafter's suffix n-gram the draft followed (0: none; None: no lookup)
 
     def __post_init__(self):
         if self.produced is None:

@@ -152,6 +152,7 @@ class SpeculativeDecoder:
                 g = 0  # the verifier runs the prompt first: its features are the drafter's context
             t0 = now(device)
             logq = self.drafter.marginals(prefix, g, steps, temperature, generator)[0] if g else None  # (γ', V)
+            context, matched = prefix.shape[1], self.drafter.matched if g else None  # where the block stands
             if logq is None or logq.shape[0] == 0:  # no room for a draft, or none drafted: a plain verifier step
                 logq, drafts, g = None, torch.zeros((1, 0), dtype=torch.long, device=device), 0
             else:
@@ -172,6 +173,7 @@ class SpeculativeDecoder:
                                                                  out, t2 - t0, g)
                 mark = now(device)
                 block.total_s = mark - block_start
+                block.context, block.matched = context, matched
                 stats.drafter_s += block.drafter_s
                 stats.verifier_s += block.verifier_s
                 if next_token is None or next_token in self.eos:
@@ -201,6 +203,7 @@ class SpeculativeDecoder:
             out.tokens += new
             mark = now(device)
             block.drafter_s, block.verifier_s, block.total_s = t2 - t0, t3 - t2, mark - block_start
+            block.context, block.matched = context, matched
             if next_token is None or next_token in self.eos:
                 break
         out.tokens = out.tokens[:max_new_tokens]

@@ -24,6 +24,7 @@ import itertools
 import json
 import platform
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -125,6 +126,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=comma_list(int), default=[0], help="seeds; several give mean ± std")
     p.add_argument("--out", default=None, help="output folder (default: <ckpt>/eval)")
     p.add_argument("--save-outputs", action="store_true", help="write outputs.jsonl with every output's token ids")
+    p.add_argument("--save-blocks", action="store_true",
+                   help="write blocks.jsonl: every block of every drafter setting (its context length, the lookup "
+                        "match it followed, nodes, tokens accepted, drafter and verifier seconds), which "
+                        "bench/blocks.py summarises: where a setting's time goes")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16", "auto"),
                    help="weights of both models (default: the exported drafter's recipe's verifier.dtype, "
                         "PATH's for --ckpt ngram...+PATH, else float32; auto: bfloat16 where the device computes in "
@@ -369,9 +374,9 @@ def main(argv: list[str]) -> int:
     reference_nll: dict[tuple[float, int], float | None] = {}  # the NLL of generate's outputs, once (quality)
 
     def run_phase(phase_references: list[Job], phase_drafters: list[tuple[str, str, str]]
-                  ) -> tuple[list[dict], list[dict]]:
+                  ) -> tuple[list[dict], list[dict], list[dict]]:
         """Load the drafters, decode every prompt through every job in turn, summarise (the drafters are freed on
-        return). Returns the results and, with --save-outputs, the outputs."""
+        return). Returns the results and, with --save-outputs and --save-blocks, the outputs and the blocks."""
         jobs = list(phase_references)
         for label, path, kind in phase_drafters:
             decoder, swept = load_decoder(args, path, kind, verifier_model, verifier, tokenizer, verifier_path, eos,
@@ -391,7 +396,7 @@ def main(argv: list[str]) -> int:
             elif job.label == "alone":
                 alone[key] = (sum(len(r.tokens) for r in job.outputs), sum(r.total_s for r in job.outputs))
         runs: dict[tuple[str, int], list[dict]] = {}
-        saved = []
+        saved, blocks = [], []
         for job in jobs[len(phase_references):]:
             records = [PromptRecord(p["id"], p.get("category", "all"), ids, gen.tokens, gen.stats)
                        for p, ids, gen in zip(prompts, encoded, job.outputs)]
@@ -402,6 +407,8 @@ def main(argv: list[str]) -> int:
                                                                                       job.seed)][0],
                 reference_times[(job.setting["temperature"], job.seed)])
             runs.setdefault((job.label, job.index), []).append(summary)
+            if args.save_blocks:
+                blocks += block_rows(job, records)
             if args.save_outputs:
                 s = job.setting
                 saved += [{"id": r.id, "label": job.label, "gamma": s["gamma"], "steps": s["steps"],
@@ -413,16 +420,17 @@ def main(argv: list[str]) -> int:
             for key in ("generate_tokens_per_s", "speedup_vs_generate"):  # mean over seeds, as the others
                 c[key] = sum(r[key] for r in seeds) / len(seeds)
             combined.append(c)
-        return combined, saved
+        return combined, saved, blocks
 
     # one drafter in memory at a time, after the references; --interleave: every drafter at once, each prompt
     # decoded by all of them and the references in turn, so that a machine whose speed drifts slows all alike
     phases = [(references, drafters)] if args.interleave else [(references, [])] + [([], [d]) for d in drafters]
-    results, saved = [], []
+    results, saved, blocks = [], [], []
     for phase_references, phase_drafters in phases:
-        phase_results, phase_saved = run_phase(phase_references, phase_drafters)
+        phase_results, phase_saved, phase_blocks = run_phase(phase_references, phase_drafters)
         results += phase_results
         saved += phase_saved
+        blocks += phase_blocks
     others = [summarize_alternative(job, prompts, encoded, reference, reference_times, alone, verifier_model)
               for job in alternatives]
 
@@ -433,6 +441,8 @@ def main(argv: list[str]) -> int:
     write_text(out / "acceptance.json", json.dumps(document, indent=1))  # atomically: a kill leaves the old one
     if args.save_outputs:
         write_text(out / "outputs.jsonl", "".join(json.dumps(row) + "\n" for row in saved))
+    if args.save_blocks:
+        write_text(out / "blocks.jsonl", "".join(json.dumps(row) + "\n" for row in blocks))
     from eval.report import summary_table, write_report
 
     write_report(document, out)
@@ -478,6 +488,15 @@ def load_decoder(args, path, family, verifier_model, verifier, tokenizer, verifi
                            hub_kernels=args.hub_kernels)
     steps = args.steps or [trained_steps(model_path(path) or path)]
     return SpeculativeDecoder(drafter, verifier, eos), settings(args, steps)
+
+
+def block_rows(job: Job, records: list[PromptRecord]) -> list[dict[str, Any]]:
+    """Every block of a drafter job, one row each: its label, setting and seed, the prompt's id and category, the
+    block's place in the output and its :class:`align.metrics.Block` fields (``gamma``: the draft length offered)."""
+    setting = {key: job.setting[key] for key in ("gamma", "steps", "temperature", "k", "tree")}
+    return [{"label": job.label, "setting": setting, "seed": job.seed, "id": r.id, "category": r.category,
+             "index": i, **dataclasses.asdict(block)}
+            for r in records for i, block in enumerate(r.stats.blocks)]
 
 
 def drafter_jobs(args, label: str, path: str, decoder: SpeculativeDecoder, swept: list[dict]) -> list[Job]:

@@ -339,3 +339,61 @@ def test_token_trees_run_in_the_same_loop_and_sweep_with_the_rest(exported, worl
     assert "tree 12x4" in (out / "report.md").read_text()
     with pytest.raises(AlignError, match="NODESxBRANCHING"):
         evaluate(["--ckpt", str(exported), "--suite", "tinyworld", "--tree", "lots"])
+
+
+def test_saved_blocks_say_where_each_block_stood_and_what_it_followed(exported, world_prompts, tmp_path):
+    """``--save-blocks``: one row per block of every drafter setting, in order, each at the context its block read
+    (the prompt, then every token produced before it), a lookup drafter's rows naming the match they followed (a
+    block without one a plain step), a drafter that looks nothing up None; the rows add up to the outputs and to
+    acceptance.json's counts."""
+    out = tmp_path / "blocks"
+    assert evaluate(["--ckpt", f"ngram:2@0.7+{exported}", "--drafter", "lookup=ngram:2", "--prompts",
+                     str(world_prompts), "--limit", "3", "--gamma", "4", "--tree", "none,6x2", "--max-new-tokens",
+                     "16", "--interleave", "--out", str(out), "--save-blocks", "--save-outputs"]) == 0
+    rows = [json.loads(line) for line in (out / "blocks.jsonl").read_text().splitlines()]
+    outputs = {(r["label"], r["id"]): r for r in
+               map(json.loads, (out / "outputs.jsonl").read_text().splitlines())}
+    results = json.loads((out / "acceptance.json").read_text())["results"]
+    assert {(r["label"], r["setting"]["tree"]) for r in rows} == {(lab, tree) for lab in ("aligned", "lookup")
+                                                                  for tree in (None, "6x2")}
+    for result in results:
+        mine = [r for r in rows if r["label"] == result["label"] and r["setting"]["tree"] == result["tree"]]
+        assert len(mine) == result["n_blocks"]
+        for prompt in dict.fromkeys(r["id"] for r in mine):
+            blocks = [r for r in mine if r["id"] == prompt]
+            saved = outputs[(result["label"], prompt)]
+            assert [b["index"] for b in blocks] == list(range(len(blocks)))
+            assert blocks[0]["context"] == len(saved["prompt_ids"])
+            for before, after in zip(blocks, blocks[1:]):
+                assert after["context"] == before["context"] + before["produced"]
+            assert sum(b["produced"] for b in blocks) == len(saved["output_ids"])
+            room = [16 - 1 - (b["context"] - blocks[0]["context"]) for b in blocks]  # draft tokens it could offer
+            assert all((b["matched"] is None) == (left == 0) for b, left in zip(blocks, room))  # both look up
+    lookup = [r for r in rows if r["label"] == "lookup" and r["matched"] is not None]
+    assert all(r["gamma"] == 0 for r in lookup if not r["matched"])  # no match: nothing drafted, a plain step
+    assert any(r["matched"] for r in lookup) and any(not r["matched"] for r in lookup)
+
+
+def test_the_block_summary_fits_the_verifier_cost_and_parts_blocks_by_match():
+    """bench/blocks.py: the cost fit recovers a known line (the prompt's pass, a prefill, left out), blocks with and
+    without a match are counted apart with their accepted tokens, and a drafter that looks nothing up has neither."""
+    blocks = script_module("bench/blocks.py")
+
+    def row(index, nodes, matched, accepted, label="mixed", context=100):
+        return {"label": label, "setting": {"gamma": 8, "steps": 1, "temperature": 0.0, "k": 1, "tree": "16x4/auto"},
+                "index": index, "gamma": 8, "nodes": nodes, "matched": matched, "accepted": accepted,
+                "produced": accepted + 1, "context": context + index, "drafter_s": 0.004,
+                "verifier_s": (40 + 1.5 * nodes) / 1000, "total_s": (45 + 1.5 * nodes) / 1000}
+
+    rows = [row(0, 0, None, 0) | {"verifier_s": 9.0}] + [row(i, i % 7, i % 3, i % 2) for i in range(1, 40)]
+    rows += [row(i, 2, None, 1, label="plain", context=700) for i in range(5)]
+    summary = blocks.summarise(rows, [0, 300, 600])
+    mixed = summary["mixed γ=8 tree 16x4/auto"]
+    a, b = mixed["by_context"][0]["fit"]
+    assert mixed["by_context"][0]["blocks"] == 39 and abs(a - 40) < 1e-9 and abs(b - 1.5) < 1e-9
+    assert mixed["match"]["blocks"] == sum(1 for i in range(1, 40) if i % 3)
+    assert mixed["no match"]["accepted_counts"] == {0: 6, 1: 7}  # i = 3, 6, ..., 39
+    plain = summary["plain γ=8 tree 16x4/auto"]
+    assert "match" not in plain and plain["by_context"][0]["context"] == [600, None]
+    assert plain["by_context"][0]["fit"] is None  # one size of tree: no slope to fit
+    assert "| mixed γ=8 tree 16x4/auto, no match | 13 |" in blocks.tables(summary)

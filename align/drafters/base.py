@@ -30,6 +30,9 @@ class DrafterKind(Protocol):
     verifier_layers: list[int] | None = None
     #: the last block's draft (1, γ), when the drafter drew it itself; None: the loop draws one from the rows
     draft: torch.Tensor | None = None
+    #: a drafter that looks the context up: the length of the suffix n-gram its last draft followed (0: none
+    #: matched); None: it looks nothing up
+    matched: int | None = None
 
     @property
     def device(self) -> torch.device: ...

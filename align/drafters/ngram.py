@@ -112,6 +112,10 @@ class FallbackDrafter(DrafterKind):
     def device(self) -> torch.device:
         return self.drafter.device
 
+    @property
+    def matched(self) -> int:
+        return self.lookup.matched
+
     def reset(self) -> None:
         self.lookup.reset()
         self.drafter.reset()
