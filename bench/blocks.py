@@ -3,9 +3,10 @@
     python -m eval.acceptance ... --interleave --save-blocks --out runs/bench/headline
     python bench/blocks.py runs/bench/headline/blocks.jsonl --context 0,300,600,1000
 
-Three tables, in markdown: per setting, what a block costs (drafter and verifier milliseconds) and earns (tokens);
+Four tables, in markdown: per setting, what a block costs (drafter and verifier milliseconds) and earns (tokens);
 for a drafter that looks the context up (``ngram...``), its blocks with a match and without one apart, and how far
-their drafts were accepted; per setting and context length, the verifier's milliseconds a block fitted as a + b ·
+their drafts were accepted; for such a drafter, its blocks without a match by the block before them (what a gate
+that skips the drafter's pass could know beforehand); per setting and context length, the verifier's milliseconds a block fitted as a + b ·
 positions scored by least squares (what a tree's node costs where decoding stands, against the cost probe's curve).
 """
 
@@ -55,11 +56,28 @@ def cost(rows: list[dict]) -> dict:
             "tokens_per_s": sum(r["produced"] for r in rows) / total if total else 0.0}
 
 
+def after(rows: list[dict]) -> dict[str, dict[str, list[float]]]:
+    """What a gate before the drafter's pass could read: a lookup drafter's blocks without a match (where the pass
+    is all the block drafts from), grouped by the block before them in the same output — its accepted tokens
+    (``0``, ``1``, ``2+``) and the verifier's mean entropy over its tokens (``entropy < 1``, ``1–2``, ``≥ 2`` nats) —
+    as [blocks, accepted a block]."""
+    groups: dict[str, dict[str, list[float]]] = {"accepted before": {}, "entropy before": {}}
+    for before, block in zip(rows, rows[1:]):
+        if block["index"] != before["index"] + 1 or block.get("matched") is None or block["matched"]:
+            continue
+        keys = {"accepted before": str(min(before["accepted"], 2)) + ("+" if before["accepted"] >= 2 else ""),
+                "entropy before": "< 1" if before["entropy"] < 1 else "1–2" if before["entropy"] < 2 else "≥ 2"}
+        for kind, key in keys.items():
+            count, total = groups[kind].get(key, [0, 0.0])
+            groups[kind][key] = [count + 1, total + block["accepted"]]
+    return {kind: {key: [n, total / n] for key, (n, total) in sorted(g.items())} for kind, g in groups.items()}
+
+
 def summarise(rows: list[dict], edges: list[int]) -> dict:
     """Per setting: ``all`` (:func:`cost` of its blocks), ``match`` and ``no match`` (a lookup drafter's blocks with
     and without a match, each with ``accepted_counts``), ``by_context`` (per context bin [lo, hi): its block count
     and the fit verifier ms = a + b · positions scored (:func:`scored`), None where they took one value; the
-    prompt's pass, a prefill, left out)."""
+    prompt's pass, a prefill, left out) and, for a lookup drafter, ``after`` (:func:`after`)."""
     out: dict[str, dict] = {}
     for name in dict.fromkeys(setting_of(r) for r in rows):
         mine = [r for r in rows if setting_of(r) == name]
@@ -78,6 +96,8 @@ def summarise(rows: list[dict], edges: list[int]) -> dict:
                 bins.append({"context": [lo, hi], "blocks": len(inside),
                              "fit": fit([(scored(r), 1000 * r["verifier_s"]) for r in inside])})
         entry["by_context"] = bins
+        if "no match" in entry:
+            entry["after"] = after(mine)
         out[name] = entry
     return out
 
@@ -101,6 +121,14 @@ def tables(summary: dict) -> str:
             lines.append(f"| {name}, {part} | {c['blocks']} | {share:.0%} | {c['accepted']:.2f} | {counts} | "
                          f"{c['nodes']:.1f} | {c['drafter_ms']:.1f} | {c['verifier_ms']:.1f} | "
                          f"{c['tokens_per_s']:.1f} |")
+    gated = [(name, entry["after"]) for name, entry in summary.items() if "after" in entry]
+    if gated:
+        lines += ["", "| setting: blocks without a match, after a block of | blocks | accepted a block |",
+                  "|---|---|---|"]
+        for name, groups in gated:
+            for kind, group in groups.items():
+                for key, (n, mean) in group.items():
+                    lines.append(f"| {name}: {kind.split()[0]} {key} | {n} | {mean:.2f} |")
     lines += ["", "| setting | context | blocks | verifier ms = a + b · positions scored |", "|---|---|---|---|"]
     for name, entry in summary.items():
         for b in entry["by_context"]:

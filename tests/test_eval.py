@@ -376,13 +376,14 @@ def test_saved_blocks_say_where_each_block_stood_and_what_it_followed(exported, 
 
 def test_the_block_summary_fits_the_verifier_cost_and_parts_blocks_by_match():
     """bench/blocks.py: the cost fit recovers a known line (the prompt's pass, a prefill, left out), blocks with and
-    without a match are counted apart with their accepted tokens, and a drafter that looks nothing up has neither."""
+    without a match are counted apart with their accepted tokens and grouped by the block before them, and a drafter
+    that looks nothing up has none of these."""
     blocks = script_module("bench/blocks.py")
 
     def row(index, nodes, matched, accepted, label="mixed", context=100):
         return {"label": label, "setting": {"gamma": 8, "steps": 1, "temperature": 0.0, "k": 1, "tree": "16x4/auto"},
                 "index": index, "gamma": 8, "nodes": nodes, "matched": matched, "accepted": accepted,
-                "produced": accepted + 1, "context": context + index, "drafter_s": 0.004,
+                "produced": accepted + 1, "context": context + index, "drafter_s": 0.004, "entropy": 0.5 + index % 3,
                 "verifier_s": (40 + 1.5 * nodes) / 1000, "total_s": (45 + 1.5 * nodes) / 1000}
 
     rows = [row(0, 0, None, 0) | {"verifier_s": 9.0}] + [row(i, i % 7, i % 3, i % 2) for i in range(1, 40)]
@@ -393,7 +394,9 @@ def test_the_block_summary_fits_the_verifier_cost_and_parts_blocks_by_match():
     assert mixed["by_context"][0]["blocks"] == 39 and abs(a - 40) < 1e-9 and abs(b - 1.5) < 1e-9
     assert mixed["match"]["blocks"] == sum(1 for i in range(1, 40) if i % 3)
     assert mixed["no match"]["accepted_counts"] == {0: 6, 1: 7}  # i = 3, 6, ..., 39
+    # before each block without a match (i = 3, 6, ..., 39) stands block i - 1: accepted (i - 1) % 2, entropy 2.5
+    assert mixed["after"] == {"accepted before": {"0": [7, 1.0], "1": [6, 0.0]}, "entropy before": {"≥ 2": [13, 7 / 13]}}
     plain = summary["plain γ=8 tree 16x4/auto"]
-    assert "match" not in plain and plain["by_context"][0]["context"] == [600, None]
+    assert "match" not in plain and "after" not in plain and plain["by_context"][0]["context"] == [600, None]
     assert plain["by_context"][0]["fit"] is None  # one size of tree: no slope to fit
     assert "| mixed γ=8 tree 16x4/auto, no match | 13 |" in blocks.tables(summary)
