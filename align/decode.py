@@ -28,9 +28,8 @@ from align.verifier import ar_generate, eos_ids
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m align.decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--drafter", required=True, help="drafter path, hub name or zoo:NAME; or prompt lookup: "
-                   "ngram[:[MIN-]MAX][@W[,W...][/S]][+PATH] (PATH's drafter where no n-gram of MIN..MAX tokens matches; "
-                   "with @W, a match mixed into PATH's rows at weight W, @W1,W2,...: one W per n-gram length MIN..MAX; "
-                   "/S: only a match after an n-gram under S tokens)")
+                   "ngram[:[MIN-]MAX][@W[/S]][+PATH] (PATH's drafter where no n-gram of MIN..MAX tokens matches; with "
+                   "@W, a match mixed into PATH's rows at weight W; /S: only a match after an n-gram under S tokens)")
     p.add_argument("--verifier", required=True, help="verifier path, hub name or zoo:NAME")
     p.add_argument("--family", default=None,
                    help=f"drafter family ({', '.join(FAMILIES)}); default: the folder's (meta.json), or detected")

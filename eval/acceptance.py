@@ -66,15 +66,15 @@ def comma_list(kind):
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eval.acceptance", description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", required=True, help="the (aligned) drafter: an exported folder, any drafter path, or "
-                   "prompt lookup: ngram[:[MIN-]MAX][@W[,W...][/S]][+PATH] (PATH's drafter where no n-gram of "
-                   "MIN..MAX tokens matches; with @W, a match mixed into PATH's rows at weight W, @W1,W2,...: one W "
-                   "per n-gram length MIN..MAX; /S: only a match after an n-gram under S tokens)")
+                   "prompt lookup: ngram[:[MIN-]MAX][@W[/S]][+PATH] (PATH's drafter where no n-gram of MIN..MAX "
+                   "tokens matches; with @W, a match mixed into PATH's rows at weight W; /S: only a match after an "
+                   "n-gram under S tokens)")
     p.add_argument("--baseline", default=None, help="drafter to compare with (default: meta.json's base drafter; "
                    "'none' to skip)")
     p.add_argument("--verifier", default=None, help="verifier path (default: meta.json's verifier)")
     p.add_argument("--drafter", action="append", default=[], metavar="LABEL=PATH", type=labelled,
                    help="also measure this drafter, of any kind (its meta.json names its family, or it is detected; "
-                        "or ngram[:[MIN-]MAX][@W[,W...][/S]][+PATH] as --ckpt takes it), in the same loop, under LABEL "
+                        "or ngram[:[MIN-]MAX][@W[/S]][+PATH] as --ckpt takes it), in the same loop, under LABEL "
                         "(repeatable)")
     p.add_argument("--ar-drafter", default=None, help="the same as --drafter ar=PATH (an autoregressive drafter from "
                    "python -m align.baseline train: standard speculative decoding)")

@@ -357,15 +357,10 @@ def test_lookup_spec_names_the_shortest_and_longest_ngram():
     assert parse("ngram:2-3+runs/x/final") == (2, 3, "runs/x/final", 1.0, None)
     assert parse("ngram:3@0.25+runs/x/final") == (1, 3, "runs/x/final", 0.25, None)
     assert parse("ngram:3@0.7/2+runs/x/final") == (1, 3, "runs/x/final", 0.7, 2)
-    assert parse("ngram:3@0.3,0.6,0.9+x") == (1, 3, "x", (0.3, 0.6, 0.9), None)  # W per n-gram length 1..3
-    assert parse("ngram:2-3@0.5,1/3+x") == (2, 3, "x", (0.5, 1.0), 3)
-    for bad in ("ngram:3@0.3,0.6+x", "ngram:2-3@0.3,0.6,0.9+x"):  # one W, or one per length MIN..MAX
-        with pytest.raises(AlignError, match="one weight per n-gram length"):
-            parse(bad)
     for bad in ("ngram:3-2", "ngram:0-2", "ngram:a-3"):
         with pytest.raises(AlignError, match="n-gram lengths"):
             parse(bad)
-    for bad in ("ngram@0.5", "ngram:3@0+x", "ngram@1.5+x", "ngram@half+x", "ngram:3@0.3,1.5,0.9+x", "ngram:3@0.3,,1+x"):  # no drafter to mix into, W out of (0, 1]
+    for bad in ("ngram@0.5", "ngram:3@0+x", "ngram@1.5+x", "ngram@half+x"):  # no drafter to mix into, W out of (0, 1]
         with pytest.raises(AlignError, match="@W"):
             parse(bad)
     for bad in ("ngram:3@0.7/1+x", "ngram:3@0.7/4+x", "ngram:2-3@0.7/2+x", "ngram:3@0.7/two+x"):  # S in (MIN, MAX]
@@ -389,9 +384,7 @@ def test_prompt_lookup_and_its_fallback_decode_exactly_what_the_verifier_does():
             for drafter in (NGramDrafter(VOCAB, 3),
                             FallbackDrafter(NGramDrafter(VOCAB, 2), EchoDrafter(verifier, VOCAB, 0.3, seed)),
                             FallbackDrafter(NGramDrafter(VOCAB, 2), EchoDrafter(verifier, VOCAB, 0.3, seed), 0.4),
-                            FallbackDrafter(NGramDrafter(VOCAB, 3), EchoDrafter(verifier, VOCAB, 0.3, seed), 0.4, 2),
-                            FallbackDrafter(NGramDrafter(VOCAB, 3), EchoDrafter(verifier, VOCAB, 0.3, seed),
-                                            (0.2, 0.6, 1.0))):
+                            FallbackDrafter(NGramDrafter(VOCAB, 3), EchoDrafter(verifier, VOCAB, 0.3, seed), 0.4, 2)):
                 rng = random.Random(seed * 31 + gamma)
                 prompt = greedy[:rng.randrange(8, 20)] + [5, 9, 17]  # the verifier's own text: lookup can hit
                 expected = ar_generate(verifier, prompt, 40, eos_token_ids=[])
@@ -423,8 +416,8 @@ def test_a_mixed_match_is_a_distribution_whose_tree_holds_the_match_and_the_draf
     """ngram@W+PATH: where the context matches, row j is W·onehot(match_j) + (1 − W)·q_j (each row sums to 1), the
     rows after the match are the drafter's own, and an 8-node tree holds the whole match as a path and the drafter's
     likeliest first token beside it; W 1 drafts the match alone without asking the drafter, and so does @W/S for a
-    match after an n-gram of S tokens or more (a shorter one mixed), and @W1,W2,W3 weighs a match by the length of
-    the n-gram it follows; a drafter whose rows hang on its own draft (steps > 1) is refused."""
+    match after an n-gram of S tokens or more (a shorter one mixed); a drafter whose rows hang on its own draft
+    (steps > 1) is refused."""
     from align.drafters.ngram import FallbackDrafter, NGramDrafter
     from align.errors import AlignError
     from align.trees import TreeShape, tree_from_marginals
@@ -454,13 +447,6 @@ def test_a_mixed_match_is_a_distribution_whose_tree_holds_the_match_and_the_draf
     single = torch.tensor([[7, 9, 10, 11, 12, 7]])  # only "7" occurred before: a 1-gram match, mixed
     assert torch.isclose(sure.marginals(single, 6)[0, 0, 9].exp(), 0.7 + 0.3 * q[0, 9].exp(), atol=1e-6)
     assert sure.drafter.calls == 1 and sure.lookup.matched == 1
-    by_length = FallbackDrafter(NGramDrafter(VOCAB, 3), FixedRows(q), (0.2, 0.5, 1.0))  # ngram:3@0.2,0.5,1
-    assert torch.isclose(by_length.marginals(single, 6)[0, 0, 9].exp(), 0.2 + 0.8 * q[0, 9].exp(), atol=1e-6)
-    assert torch.isclose(by_length.marginals(prefix, 6)[0, 0, 9].exp(), 0.5 + 0.5 * q[0, 9].exp(), atol=1e-6)
-    assert by_length.lookup.matched == 2 and by_length.drafter.calls == 2
-    three = torch.tensor([[6, 7, 8, 9, 10, 6, 7, 8]])  # "6 7 8" occurred before: a 3-gram match, W 1: alone
-    assert by_length.marginals(three, 6)[0].exp().max(-1).values.tolist() == [1.0] * 5
-    assert by_length.lookup.matched == 3 and by_length.drafter.calls == 2
     drawn = FixedRows(q)
     drawn.draft = q.argmax(-1)[None]
     with pytest.raises(AlignError, match="steps 1"):

@@ -5,7 +5,7 @@
 | ``diffusiongemma``, ``mdlm``, ``dream`` | ``diffusion.py`` | a block in T denoising steps of a diffusion model |
 | ``dflash`` | ``dflash.py`` | a block in one pass of a few layers over the verifier's hidden states |
 | ``ar`` | ``ar.py`` | one token at a time (standard speculative decoding) |
-| ``ngram`` | ``ngram.py`` | tokens copied from the context (prompt lookup), no model; ``ngram+PATH``: lookup where the context matches, the drafter at PATH elsewhere; ``ngram@W+PATH``: the match mixed into its rows (``@W1,W2,W3``: a weight per n-gram length) |
+| ``ngram`` | ``ngram.py`` | tokens copied from the context (prompt lookup), no model; ``ngram+PATH``: lookup where the context matches, the drafter at PATH elsewhere; ``ngram@W+PATH``: the match mixed into its rows |
 
 :func:`load_drafter` builds any of them from a folder (an export names its family in meta.json; others are detected),
 for a verifier: every caller (decoding, evaluation, serving, the benchmarks) loads drafters through it. It loads the
@@ -59,8 +59,8 @@ def load_drafter(path: str, verifier: str, verifier_model: Any = None, *, family
     must agree with the verifier's (``verifier_tokenizer``, loaded from ``verifier`` when not given) on every
     verifier token. ``verifier_model`` is the loaded verifier, which a dflash drafter reads. ``ngram`` (or
     ``ngram:MAX``, ``ngram:MIN-MAX``) is prompt lookup, no model; ``ngram[:MIN-MAX]+PATH`` looks up first and falls
-    back to PATH's drafter; ``ngram[:MIN-MAX]@W+PATH`` mixes the match into PATH's rows at weight W (``@W1,W2,...``:
-    one W per n-gram length MIN..MAX; ``@W/S``: only a match after an n-gram shorter than S tokens).
+    back to PATH's drafter; ``ngram[:MIN-MAX]@W+PATH`` mixes the match into PATH's rows at weight W (``@W/S``: only a
+    match after an n-gram shorter than S tokens).
     """
     if device is None:
         device = next(verifier_model.parameters()).device if verifier_model is not None else "cpu"

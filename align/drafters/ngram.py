@@ -14,10 +14,9 @@ With a trained drafter beside it (:class:`FallbackDrafter`), ``ngram+PATH`` draf
 asks the drafter elsewhere; ``ngram@W+PATH`` asks the drafter every block and mixes the two: where the context
 matches, row j is W·onehot(match_j) + (1 − W)·q_j, so a token tree keeps the match as its spine and grows the
 drafter's likeliest tokens beside it where the match may be wrong (W between 0 and 1: how far the match is
-trusted; W 1 is ``ngram+PATH``). A match is as sure as the suffix n-gram it follows is long: ``ngram:3@W1,W2,W3+PATH``
-mixes a match after a 1-, 2- or 3-token n-gram at its own weight. ``ngram@W/S+PATH`` drafts a match after a suffix
-n-gram of S tokens or more alone, as ``ngram+PATH`` does, and mixes only the shorter ones: the drafter's pass is
-spent where the match is least sure.
+trusted; W 1 is ``ngram+PATH``). ``ngram@W/S+PATH`` drafts a match after a suffix n-gram of S tokens or more
+alone, as ``ngram+PATH`` does, and mixes only the shorter ones: the drafter's pass is spent where the match is
+least sure.
 """
 
 from __future__ import annotations
@@ -95,12 +94,11 @@ class FallbackDrafter(DrafterKind):
 
         log q'_j = log(W · 1[x = match_j] + (1 − W) · q_j(x))   for j < len(match),   log q_j elsewhere.
 
-    ``trust`` may be one W per suffix n-gram length MIN..MAX (``ngram:3@W1,W2,W3+PATH``): W_n for a match after an
-    n-token n-gram. With ``sure`` S (``ngram@W/S+PATH``), a match after a suffix n-gram of at least S tokens is drafted alone, as
+    With ``sure`` S (``ngram@W/S+PATH``), a match after a suffix n-gram of at least S tokens is drafted alone, as
     with W 1. Each q'_j is a distribution, so a draft drawn from q' (or a tree grown from it) is verified exactly as
     any drafter's; the drafter's rows must be independent given the prefix (one pass: steps 1)."""
 
-    def __init__(self, lookup_drafter: NGramDrafter, drafter: DrafterKind, trust: float | tuple[float, ...] = 1.0,
+    def __init__(self, lookup_drafter: NGramDrafter, drafter: DrafterKind, trust: float = 1.0,
                  sure: int | None = None):
         self.lookup, self.drafter, self.trust = lookup_drafter, drafter, trust
         self.sure = sure  # a match after a suffix n-gram of at least this many tokens is drafted alone
@@ -118,12 +116,6 @@ class FallbackDrafter(DrafterKind):
     def matched(self) -> int:
         return self.lookup.matched
 
-    def weight(self, matched: int) -> float:
-        """W for a match after a suffix n-gram of ``matched`` tokens."""
-        if isinstance(self.trust, tuple):
-            return self.trust[matched - self.lookup.min_ngram]
-        return self.trust
-
     def reset(self) -> None:
         self.lookup.reset()
         self.drafter.reset()
@@ -139,8 +131,7 @@ class FallbackDrafter(DrafterKind):
         rows = self.lookup.marginals(prefix, gamma, steps, temperature, generator)
         found = rows.shape[1]
         self.looked_up += bool(found)
-        trust = self.weight(self.lookup.matched) if found else 1.0
-        if found and (trust == 1 or (self.sure is not None and self.lookup.matched >= self.sure)):
+        if found and (self.trust == 1 or (self.sure is not None and self.lookup.matched >= self.sure)):
             self.draft = self.lookup.draft
             return rows
         logq = self.drafter.marginals(prefix, gamma, steps, temperature, generator)
@@ -151,29 +142,27 @@ class FallbackDrafter(DrafterKind):
             raise AlignError("ngram@W+PATH mixes the match into the drafter's rows, which must be independent given "
                              "the prefix: decode with steps 1 (or use ngram+PATH)")
         mixed = logq.clone()
-        mixed[:, :found] += math.log1p(-trust)  # (1 - W) q everywhere, then W more at the match
+        mixed[:, :found] += math.log1p(-self.trust)  # (1 - W) q everywhere, then W more at the match
         at = self.lookup.draft[..., None]
         there = mixed[:, :found].gather(-1, at)
-        mixed[:, :found].scatter_(-1, at, torch.logaddexp(there, torch.full_like(there, math.log(trust))))
+        mixed[:, :found].scatter_(-1, at, torch.logaddexp(there, torch.full_like(there, math.log(self.trust))))
         return mixed
 
 
 class Spec(NamedTuple):
-    """What ``ngram[:[MIN-]MAX][@W[,W...][/S]][+PATH]`` names."""
+    """What ``ngram[:[MIN-]MAX][@W[/S]][+PATH]`` names."""
 
     min_ngram: int  # the shortest n-gram looked up
     max_ngram: int  # the longest
     path: str | None  # the trained drafter beside the lookup (None: lookup alone)
-    trust: float | tuple[float, ...] = 1.0  # W: 1 drafts a match alone, below 1 mixes it into the drafter's rows
-    # (FallbackDrafter); a tuple: W per suffix n-gram length MIN..MAX
+    trust: float = 1.0  # W: 1 drafts a match alone, below 1 mixes it into the drafter's rows (FallbackDrafter)
     sure: int | None = None  # S: a match after an n-gram of at least S tokens is drafted alone (None: none is)
 
 
 def parse(spec: str) -> Spec:
-    """``ngram[:[MIN-]MAX][@W[,W...][/S]][+PATH]`` -> :class:`Spec`. ``ngram:2-3`` drafts only where the prefix's
-    last 2 or 3 tokens occur earlier (a one-token match is often a poor draft: with a drafter to fall back on, it may
-    draft better); ``ngram:3@0.5+PATH`` mixes the match into PATH's rows at weight 0.5 instead of drafting it alone;
-    ``ngram:3@0.3,0.6,0.9+PATH`` mixes a match after a 1-, 2- or 3-token n-gram at 0.3, 0.6 or 0.9;
+    """``ngram[:[MIN-]MAX][@W[/S]][+PATH]`` -> :class:`Spec`. ``ngram:2-3`` drafts only where the prefix's last 2 or
+    3 tokens occur earlier (a one-token match is often a poor draft: with a drafter to fall back on, it may draft
+    better); ``ngram:3@0.5+PATH`` mixes the match into PATH's rows at weight 0.5 instead of drafting it alone;
     ``ngram:3@0.7/2+PATH`` mixes only a match after a one-token n-gram, and drafts longer ones alone."""
     head, _, path = spec.partition("+")
     head, at, weight = head.partition("@")
@@ -191,16 +180,12 @@ def parse(spec: str) -> Spec:
         raise AlignError(f"'{spec}': the n-gram lengths need 1 <= MIN <= MAX (e.g. ngram:2-3)")
     weight, slash, sure = weight.partition("/")
     try:
-        weights = tuple(float(w) for w in weight.split(",")) if at else (1.0,)
+        trust = float(weight) if at else 1.0
     except ValueError:
-        weights = (-1.0,)
-    if not all(0 < w <= 1 for w in weights) or (at and not path):  # W and S: checked before any drafter loads
+        trust = -1.0
+    if not 0 < trust <= 1 or (at and not path):  # W and S are checked here, before any drafter loads
         raise AlignError(f"'{spec}': @W is the weight of the match mixed into a trained drafter's rows, a number in "
                          "(0, 1] followed by +PATH (e.g. ngram:3@0.5+runs/x/final)")
-    if len(weights) not in (1, max_ngram - min_ngram + 1):
-        raise AlignError(f"'{spec}': @W1,W2,... gives one weight per n-gram length {min_ngram} to {max_ngram} "
-                         f"({max_ngram - min_ngram + 1} of them; e.g. ngram:3@0.3,0.6,0.9+runs/x/final), or one W")
-    trust = weights[0] if len(weights) == 1 else weights
     if slash and not (sure.isdigit() and min_ngram < int(sure) <= max_ngram):
         raise AlignError(f"'{spec}': @W/S drafts a match after an n-gram of at least S tokens alone and mixes shorter "
                          f"ones, so S is a whole number above MIN and at most MAX (here {min_ngram + 1} to "
