@@ -4,8 +4,8 @@
     python bench/blocks.py runs/bench/headline/blocks.jsonl --context 0,300,600,1000
 
 Four tables, in markdown: per setting, what a block costs (drafter and verifier milliseconds) and earns (tokens);
-for a drafter that looks the context up (``ngram...``), its blocks with a match and without one apart, and how far
-their drafts were accepted; for such a drafter, its blocks without a match by the block before them (what a gate
+for a drafter that looks the context up (``ngram...``), its blocks with a match (and by the length of the n-gram the
+match followed) and without one apart, and how far their drafts were accepted; for such a drafter, its blocks without a match by the block before them (what a gate
 that skips the drafter's pass could know beforehand); per setting and context length, the verifier's milliseconds a block fitted as a + b ·
 positions scored by least squares (what a tree's node costs where decoding stands, against the cost probe's curve).
 """
@@ -74,8 +74,9 @@ def after(rows: list[dict]) -> dict[str, dict[str, list[float]]]:
 
 
 def summarise(rows: list[dict], edges: list[int]) -> dict:
-    """Per setting: ``all`` (:func:`cost` of its blocks), ``match`` and ``no match`` (a lookup drafter's blocks with
-    and without a match, each with ``accepted_counts``), ``by_context`` (per context bin [lo, hi): its block count
+    """Per setting: ``all`` (:func:`cost` of its blocks), ``match``, ``no match`` and ``match after N`` (a lookup
+    drafter's blocks with a match, without one, and with a match after a suffix n-gram of N tokens, each with
+    ``accepted_counts``), ``by_context`` (per context bin [lo, hi): its block count
     and the fit verifier ms = a + b · positions scored (:func:`scored`), None where they took one value; the
     prompt's pass, a prefill, left out) and, for a lookup drafter, ``after`` (:func:`after`)."""
     out: dict[str, dict] = {}
@@ -83,8 +84,10 @@ def summarise(rows: list[dict], edges: list[int]) -> dict:
         mine = [r for r in rows if setting_of(r) == name]
         entry = {"all": cost(mine)}
         drafted = [r for r in mine if r.get("matched") is not None]
+        lengths = sorted({r["matched"] for r in drafted if r["matched"]})
         for part, chosen in (("match", [r for r in drafted if r["matched"]]),
-                             ("no match", [r for r in drafted if not r["matched"]])):
+                             ("no match", [r for r in drafted if not r["matched"]]),
+                             *((f"match after {n}", [r for r in drafted if r["matched"] == n]) for n in lengths)):
             if chosen:
                 entry[part] = cost(chosen) | {"accepted_counts": dict(sorted(Counter(r["accepted"] for r in chosen)
                                                                               .items()))}
@@ -110,8 +113,8 @@ def tables(summary: dict) -> str:
         c = entry["all"]
         lines.append(f"| {name} | {c['blocks']} | {c['tokens']:.2f} | {c['nodes']:.1f} | {c['drafter_ms']:.1f} | "
                      f"{c['verifier_ms']:.1f} | {c['tokens_per_s']:.1f} |")
-    looked = [(name, part, entry[part]) for name, entry in summary.items() for part in ("match", "no match")
-              if part in entry]
+    looked = [(name, part, c) for name, entry in summary.items() for part, c in entry.items()
+              if part.startswith(("match", "no match"))]
     if looked:
         lines += ["", "| setting | blocks | share | accepted a block | accepted: blocks | positions scored | drafter ms | "
                       "verifier ms | tokens/s |", "|---|---|---|---|---|---|---|---|---|"]

@@ -376,7 +376,8 @@ def test_saved_blocks_say_where_each_block_stood_and_what_it_followed(exported, 
 
 def test_the_block_summary_fits_the_verifier_cost_and_parts_blocks_by_match():
     """bench/blocks.py: the cost fit recovers a known line (the prompt's pass, a prefill, left out), blocks with and
-    without a match are counted apart with their accepted tokens and grouped by the block before them, and a drafter
+    without a match (and by the match's n-gram length) are counted apart with their accepted tokens, those without one
+    grouped by the block before them, and a drafter
     that looks nothing up has none of these."""
     blocks = script_module("bench/blocks.py")
 
@@ -394,6 +395,7 @@ def test_the_block_summary_fits_the_verifier_cost_and_parts_blocks_by_match():
     assert mixed["by_context"][0]["blocks"] == 39 and abs(a - 40) < 1e-9 and abs(b - 1.5) < 1e-9
     assert mixed["match"]["blocks"] == sum(1 for i in range(1, 40) if i % 3)
     assert mixed["no match"]["accepted_counts"] == {0: 6, 1: 7}  # i = 3, 6, ..., 39
+    assert [mixed[f"match after {n}"]["blocks"] for n in (1, 2)] == [13, 13] and "match after 3" not in mixed
     # before each block without a match (i = 3, 6, ..., 39) stands block i - 1: accepted (i - 1) % 2, entropy 2.5
     assert mixed["after"] == {"accepted before": {"0": [7, 1.0], "1": [6, 0.0]}, "entropy before": {"≥ 2": [13, 7 / 13]}}
     plain = summary["plain γ=8 tree 16x4/auto"]
