@@ -20,11 +20,11 @@ machine whose speed drifts (docs/metrics.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import platform
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
