@@ -5,9 +5,10 @@
 
 Four tables, in markdown: per setting, what a block costs (drafter and verifier milliseconds) and earns (tokens);
 for a drafter that looks the context up (``ngram...``), its blocks with a match (and by the length of the n-gram the
-match followed) and without one apart, and how far their drafts were accepted; for such a drafter, its blocks without a match by the block before them (what a gate
-that skips the drafter's pass could know beforehand); per setting and context length, the verifier's milliseconds a block fitted as a + b ·
-positions scored by least squares (what a tree's node costs where decoding stands, against the cost probe's curve).
+match followed) and without one apart, and how far their drafts were accepted; for such a drafter, its blocks
+without a match by the block before them (what a gate that skips the drafter's pass could know beforehand); per
+setting and context length, the verifier's milliseconds a block fitted as a + b · positions scored by least squares
+(what a tree's node costs where decoding stands, against the cost probe's curve).
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ def scored(row: dict) -> int:
 
 
 def cost(rows: list[dict]) -> dict:
-    """What the blocks cost and earned: their count, tokens per block, accepted draft tokens per block, nodes per
-    block, drafter and verifier milliseconds per block, tokens per second over their whole time."""
+    """What the blocks cost and earned: their count, tokens per block, accepted draft tokens per block, positions
+    scored per block (``nodes``: :func:`scored`), drafter and verifier milliseconds per block, tokens per second over
+    their whole time."""
     n = len(rows)
     total = sum(r["total_s"] for r in rows)
-    return {"blocks": n, "tokens": sum(r["produced"] for r in rows) / n, "accepted": sum(r["accepted"] for r in rows) / n,
+    return {"blocks": n, "tokens": sum(r["produced"] for r in rows) / n,
+            "accepted": sum(r["accepted"] for r in rows) / n,
             "nodes": sum(map(scored, rows)) / n,
             "drafter_ms": 1000 * sum(r["drafter_s"] for r in rows) / n,
             "verifier_ms": 1000 * sum(r["verifier_s"] for r in rows) / n,
@@ -59,13 +62,13 @@ def cost(rows: list[dict]) -> dict:
 def after(rows: list[dict]) -> dict[str, dict[str, list[float]]]:
     """What a gate before the drafter's pass could read: a lookup drafter's blocks without a match (where the pass
     is all the block drafts from), grouped by the block before them in the same output — its accepted tokens
-    (``0``, ``1``, ``2+``) and the verifier's mean entropy over its tokens (``entropy < 1``, ``1–2``, ``≥ 2`` nats) —
-    as [blocks, accepted a block]."""
+    (``0``, ``1``, ``2+``) and the verifier's mean entropy over its tokens (``entropy < 1``, ``1–2``, ``≥ 2``
+    nats) — as [blocks, accepted a block]."""
     groups: dict[str, dict[str, list[float]]] = {"accepted before": {}, "entropy before": {}}
     for before, block in zip(rows, rows[1:]):
         if block["index"] != before["index"] + 1 or block.get("matched") is None or block["matched"]:
             continue
-        keys = {"accepted before": str(min(before["accepted"], 2)) + ("+" if before["accepted"] >= 2 else ""),
+        keys = {"accepted before": "2+" if before["accepted"] >= 2 else str(before["accepted"]),
                 "entropy before": "< 1" if before["entropy"] < 1 else "1–2" if before["entropy"] < 2 else "≥ 2"}
         for kind, key in keys.items():
             count, total = groups[kind].get(key, [0, 0.0])
@@ -79,9 +82,11 @@ def summarise(rows: list[dict], edges: list[int]) -> dict:
     ``accepted_counts``), ``by_context`` (per context bin [lo, hi): its block count
     and the fit verifier ms = a + b · positions scored (:func:`scored`), None where they took one value; the
     prompt's pass, a prefill, left out) and, for a lookup drafter, ``after`` (:func:`after`)."""
+    settings: dict[str, list[dict]] = {}
+    for r in rows:
+        settings.setdefault(setting_of(r), []).append(r)
     out: dict[str, dict] = {}
-    for name in dict.fromkeys(setting_of(r) for r in rows):
-        mine = [r for r in rows if setting_of(r) == name]
+    for name, mine in settings.items():
         entry = {"all": cost(mine)}
         drafted = [r for r in mine if r.get("matched") is not None]
         lengths = sorted({r["matched"] for r in drafted if r["matched"]})
@@ -116,8 +121,8 @@ def tables(summary: dict) -> str:
     looked = [(name, part, c) for name, entry in summary.items() for part, c in entry.items()
               if part.startswith(("match", "no match"))]
     if looked:
-        lines += ["", "| setting | blocks | share | accepted a block | accepted: blocks | positions scored | drafter ms | "
-                      "verifier ms | tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| setting | blocks | share | accepted a block | accepted: blocks | positions scored | "
+                      "drafter ms | verifier ms | tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
         for name, part, c in looked:
             share = c["blocks"] / sum(summary[name][p]["blocks"] for p in ("match", "no match") if p in summary[name])
             counts = " ".join(f"{k}:{v}" for k, v in c["accepted_counts"].items())

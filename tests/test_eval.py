@@ -397,7 +397,8 @@ def test_the_block_summary_fits_the_verifier_cost_and_parts_blocks_by_match():
     assert mixed["no match"]["accepted_counts"] == {0: 6, 1: 7}  # i = 3, 6, ..., 39
     assert [mixed[f"match after {n}"]["blocks"] for n in (1, 2)] == [13, 13] and "match after 3" not in mixed
     # before each block without a match (i = 3, 6, ..., 39) stands block i - 1: accepted (i - 1) % 2, entropy 2.5
-    assert mixed["after"] == {"accepted before": {"0": [7, 1.0], "1": [6, 0.0]}, "entropy before": {"≥ 2": [13, 7 / 13]}}
+    assert mixed["after"] == {"accepted before": {"0": [7, 1.0], "1": [6, 0.0]},
+                              "entropy before": {"≥ 2": [13, 7 / 13]}}
     plain = summary["plain γ=8 tree 16x4/auto"]
     assert "match" not in plain and "after" not in plain and plain["by_context"][0]["context"] == [600, None]
     assert plain["by_context"][0]["fit"] is None  # one size of tree: no slope to fit
