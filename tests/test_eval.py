@@ -377,8 +377,7 @@ def test_saved_blocks_say_where_each_block_stood_and_what_it_followed(exported, 
 def test_the_block_summary_fits_the_verifier_cost_and_parts_blocks_by_match():
     """bench/blocks.py: the cost fit recovers a known line (the prompt's pass, a prefill, left out), blocks with and
     without a match (and by the match's n-gram length) are counted apart with their accepted tokens, those without one
-    grouped by the block before them, and a drafter
-    that looks nothing up has none of these."""
+    grouped by the block before them, and a drafter that looks nothing up has none of these."""
     blocks = script_module("bench/blocks.py")
 
     def row(index, nodes, matched, accepted, label="mixed", context=100):
