@@ -195,7 +195,8 @@ class TrainConfig:
     save_every: int = option(100, "Checkpoint every N steps (the last step is always saved).", min=1)
     eval_every: int = option(50, "Evaluate held-out windows every N steps.", min=1)
     eval_windows: int = option(512, "Held-out windows per evaluation: every window of as many held-out rollouts as fit "
-                               "(at least one), so that they can be walked as greedy decoding (decoded_accepted).", min=1)
+                               "(at least one), so that they can be walked as greedy decoding (decoded_accepted); the same "
+                               "rollouts for every run.seed: seeds vary the training, not what it is measured on.", min=1)
     keep_checkpoints: int = option(2, "Most recent checkpoints kept on disk.", min=1)
 
 

@@ -21,6 +21,7 @@ if __name__ == "__main__":  # run as a script: import the package, not this fold
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
+import hashlib
 import time
 import zlib
 
@@ -103,8 +104,9 @@ def main(argv: list[str]) -> int:
                          "tokens); lower distill.gamma or raise data.max_new_tokens")
     train_pairs = window_index(lengths, train_rows, recipe.distill.stride)
     eval_pairs = whole_rollouts(window_index(lengths, heldout or train_rows[:1], recipe.distill.stride),
-                                recipe.train.eval_windows, recipe.run.seed)
-    data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs)}
+                                recipe.train.eval_windows)
+    data_fingerprint = {"rollouts": rollout_meta(recipe), "windows": len(train_pairs), "heldout_windows": len(eval_pairs),
+                        "heldout_digest": hashlib.sha256(eval_pairs.numpy().tobytes()).hexdigest()[:16]}
     if text:
         data_fingerprint["text"] = {**label_meta(recipe), "rows": len(text), "trained_rows": text_trained}
     if lead:

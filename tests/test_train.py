@@ -502,6 +502,22 @@ def test_greedy_rollouts_are_shared_by_every_seed_and_sampled_ones_are_not():
     assert len(folders(1.0)) == 3
 
 
+def test_every_seed_is_measured_on_the_same_heldout_windows(model_dirs, world_prompts, tmp_path):
+    """run.seed varies the training, not what it is measured on: runs of seeds 0, 1 and 2 over the same rollouts
+    walk the same held-out windows (their digest in the export's data fingerprint), so the drafter as loaded scores
+    the same before training in each — a spread over seeds is the training's, not the held-out set's."""
+    runs = {}
+    for seed in (0, 1, 2):
+        out = tmp_path / f"seed{seed}"
+        assert run_main(overrides(model_dirs, world_prompts, out, **{"train.max_steps": 1, "run.seed": seed,
+                                                                     "train.eval_windows": 24})) == 0
+        runs[seed] = json.loads((out / "final" / "meta.json").read_text())
+    digests = {meta["data_fingerprint"]["heldout_digest"] for meta in runs.values()}
+    assert len(digests) == 1, digests
+    before = [meta["heldout"]["before"] for meta in runs.values()]
+    assert before[0] == before[1] == before[2]
+
+
 def test_train_rollouts_takes_nested_subsets_and_leaves_the_heldout_alone():
     from align.distill.data import heldout_rows, subset
 
