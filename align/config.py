@@ -196,7 +196,9 @@ class TrainConfig:
     eval_every: int = option(50, "Evaluate held-out windows every N steps.", min=1)
     eval_windows: int = option(512, "Held-out windows per evaluation: every window of as many held-out rollouts as fit "
                                "(at least one), so that they can be walked as greedy decoding (decoded_accepted); the same "
-                               "rollouts for every run.seed: seeds vary the training, not what it is measured on.", min=1)
+                               "rollouts for every run.seed: seeds vary the training, not what it is measured on. Changed on a "
+                               "resume, the drafter as resumed is measured on the new windows first (a finished run: "
+                               "measured and exported again, no step taken; 100000 takes every held-out window).", min=1)
     keep_checkpoints: int = option(2, "Most recent checkpoints kept on disk.", min=1)
 
 

@@ -49,6 +49,8 @@ from align.labels import check_text, generate_labels, label_meta
 from align.rollouts import generate_rollouts, rollout_meta
 from align.zoo import check_model, check_prompts, resolve
 
+HELDOUT_KEYS = ("heldout_windows", "heldout_digest")  # the held-out windows in a run's data fingerprint
+
 
 def main(argv: list[str]) -> int:
     # ----------------------------------------------------------------------------------------- recipe
@@ -157,15 +159,28 @@ def main(argv: list[str]) -> int:
     metrics = MetricsLog(out / "metrics.jsonl", recipe, lead, state["step"])
 
     def evaluate() -> dict:
-        """Held-out windows, drafted as decoding drafts them (``heldout_metrics``)."""
+        """Held-out windows, drafted as decoding drafts them (``heldout_metrics``), and how many they were."""
         engine.train(False)
         result = heldout_metrics(strategy, eval_pairs, recipe.train.micro_batch_size, rank, world)
         engine.train(True)
-        return result
+        return {**result, "windows": len(eval_pairs)}
 
-    if "before" not in state["heldout"]:
+    if state["step"] == 0:
         state["heldout"]["before"] = evaluate()
         metrics.write({"step": 0, "split": "eval", **state["heldout"]["before"]})
+    elif any(state["data_fingerprint"].get(key, data_fingerprint[key]) != data_fingerprint[key] for key in HELDOUT_KEYS):
+        # resumed with other held-out windows (train.eval_windows): the figures so far measured others, so they are
+        # set aside (metrics.jsonl keeps them) and the drafter as resumed is measured on these, no step taken; its
+        # checkpoint is written again with them, which is how a finished run is measured on more windows
+        if lead:
+            print(f"train.eval_windows changed: the held-out figures so far are of other windows; measuring the "
+                  f"drafter at step {state['step']} on these {len(eval_pairs)}", flush=True)
+        state["data_fingerprint"].update({key: data_fingerprint[key] for key in HELDOUT_KEYS})
+        state["heldout"] = {"after": evaluate()}
+        metrics.write({"step": state["step"], "split": "eval", **state["heldout"]["after"]})
+        saved = engine.save(checkpoints, state["step"], state, recipe.train.keep_checkpoints)
+        if lead:
+            save_recipe(recipe, saved / "recipe.yaml")
 
     # ----------------------------------------------------------------------------------------- training loop
     t = recipe.train
@@ -204,9 +219,13 @@ def main(argv: list[str]) -> int:
         # LoRA: float32, or updates below bf16's resolution at the base weights would round away in the merge
         final = export_checkpoint(list_checkpoints(checkpoints)[-1], out / "final",
                                   "float32" if recipe.lora.r else weights_dtype)
-        before, after = state["heldout"]["before"], state["heldout"].get("after", state["heldout"]["before"])
-        print(f"held-out E[streak] {before['expected_streak']:.3f} -> {after['expected_streak']:.3f}, greedy streak "
-              f"{before['greedy_streak']:.3f} -> {after['greedy_streak']:.3f}; aligned drafter in {final}", flush=True)
+        before = state["heldout"].get("before")  # none where the run was measured again on other windows
+        after = state["heldout"].get("after", before)
+        change = {key: (f"{before[key]:.3f} -> " if before else "") + f"{after[key]:.3f}"
+                  for key in ("expected_streak", "greedy_streak")}
+        print(f"held-out E[streak] {change['expected_streak']}, greedy streak {change['greedy_streak']} "
+              f"({after.get('windows', data_fingerprint['heldout_windows'])} windows); aligned drafter in {final}",
+              flush=True)
     metrics.close()
     barrier()
     del zero3

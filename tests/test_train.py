@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -516,6 +517,27 @@ def test_every_seed_is_measured_on_the_same_heldout_windows(model_dirs, world_pr
     assert len(digests) == 1, digests
     before = [meta["heldout"]["before"] for meta in runs.values()]
     assert before[0] == before[1] == before[2]
+
+
+def test_a_copy_of_a_run_resumed_with_other_heldout_windows_is_measured_on_them(model_dirs, world_prompts, tmp_path):
+    """train.eval_windows changed on a resume, here of a copy of a finished run in another folder (how a drafter is
+    measured on all its held-out windows, its run untouched): the drafter as resumed is measured on the new windows
+    with no step taken, and the export carries those figures and their digest; the first windows' figures, which no
+    longer compare, are not left beside them."""
+    out, copy = tmp_path / "run", tmp_path / "copy"
+    args = overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2, "train.eval_windows": 1})
+    assert run_main(args) == 0
+    shutil.copytree(out, copy)
+    assert run_main([*args, f"run.output_dir={copy}", "train.eval_windows=100000"]) == 0
+    first, again = (json.loads((run / "final" / "meta.json").read_text()) for run in (out, copy))
+    seen, now = first["data_fingerprint"], again["data_fingerprint"]
+    assert seen["heldout_windows"] < now["heldout_windows"] and seen["heldout_digest"] != now["heldout_digest"]
+    assert set(again["heldout"]) == {"after"} and again["heldout"]["after"]["windows"] == now["heldout_windows"]
+    last = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["step"] == 2 and last["split"] == "eval" and last["windows"] == now["heldout_windows"]
+    weights, again_weights = (load_file(run / "final" / "model.safetensors") for run in (out, copy))
+    assert all(torch.equal(weights[name], again_weights[name]) for name in weights)  # measured, not trained
+    assert json.loads((out / "final" / "meta.json").read_text()) == first  # the run itself untouched
 
 
 def test_train_rollouts_takes_nested_subsets_and_leaves_the_heldout_alone():

@@ -17,7 +17,7 @@ from align.files import write_text
 
 # keys a rerun may change without changing the run (micro_batch_size: the same global batch, exactly accumulated)
 RESUMABLE = {"train": {"max_steps", "save_every", "eval_every", "eval_windows", "keep_checkpoints", "micro_batch_size"},
-             "data": {"feature_cache"}, "run": {"hub_kernels"}, "log": "*"}
+             "data": {"feature_cache"}, "run": {"output_dir", "hub_kernels"}, "log": "*"}
 
 
 def fit_micro_batch(recipe: Recipe, world: int, lead: bool) -> Recipe:
