@@ -527,9 +527,10 @@ def test_a_copy_of_a_run_resumed_with_other_heldout_windows_is_measured_on_them(
     out, copy = tmp_path / "run", tmp_path / "copy"
     args = overrides(model_dirs, world_prompts, out, **{"train.max_steps": 2, "train.eval_windows": 1})
     assert run_main(args) == 0
+    first = json.loads((out / "final" / "meta.json").read_text())
     shutil.copytree(out, copy)
     assert run_main([*args, f"run.output_dir={copy}", "train.eval_windows=100000"]) == 0
-    first, again = (json.loads((run / "final" / "meta.json").read_text()) for run in (out, copy))
+    again = json.loads((copy / "final" / "meta.json").read_text())
     seen, now = first["data_fingerprint"], again["data_fingerprint"]
     assert seen["heldout_windows"] < now["heldout_windows"] and seen["heldout_digest"] != now["heldout_digest"]
     assert set(again["heldout"]) == {"after"} and again["heldout"]["after"]["windows"] == now["heldout_windows"]
